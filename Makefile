@@ -1,0 +1,34 @@
+# Two entry points: `make demo` and `make test`. Both set up .venv from scratch if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CPU wheel of torch, pinned for development and CI (the package itself asks only torch>=2.1).
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test setup lint clean bench
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests examples benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_fingerprint.py
+	$(BIN)/python benchmarks/bench_record_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out

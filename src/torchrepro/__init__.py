@@ -1,0 +1,60 @@
+"""torchrepro: make PyTorch training bitwise reproducible, prove it, and find where it is not.
+
+>>> import torchrepro
+>>> seed = torchrepro.seed_everything(0)
+>>> with torchrepro.deterministic():
+...     pass
+"""
+
+from ._version import __version__
+from .data import make_generator, seed_worker
+from .determinism import DeterminismConfig, current_config, deterministic
+from .envinfo import environment_summary
+from .errors import (
+    CheckpointError,
+    DeviceMismatchError,
+    MissingGeneratorError,
+    ReproError,
+    ReproWarning,
+    RunDirError,
+    ScriptError,
+    StateFileError,
+)
+from .fingerprint import fingerprint, fingerprint_many
+from .rng import (
+    RNGState,
+    isolate_rng,
+    load_rng_state,
+    register_generator,
+    save_rng_state,
+    unregister_generator,
+)
+from .seeding import derive_seed, seed_everything
+
+__all__ = [
+    "CheckpointError",
+    "DeterminismConfig",
+    "DeviceMismatchError",
+    "MissingGeneratorError",
+    "RNGState",
+    "ReproError",
+    "ReproWarning",
+    "RunDirError",
+    "ScriptError",
+    "StateFileError",
+    "__version__",
+    "current_config",
+    "derive_seed",
+    "deterministic",
+    "environment_summary",
+    "fingerprint",
+    "fingerprint_many",
+    "isolate_rng",
+    "load_rng_state",
+    "make_generator",
+    "register_generator",
+    "save_rng_state",
+    "seed_everything",
+    "seed_worker",
+    "unregister_generator",
+]

@@ -1,0 +1,55 @@
+"""The exception hierarchy. Every error names what it received, what it expected, and what to do next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ReproError(Exception):
+    """Base class of every error torchrepro raises on purpose."""
+
+
+class InvalidSeedError(ReproError, ValueError):
+    """A seed that is not an integer in [0, 2**32 - 1]."""
+
+
+class StateFileError(ReproError):
+    """A state file (RNG state, run directory, checkpoint) that cannot be used.
+
+    The message always starts with the file's path.
+    """
+
+    def __init__(self, path: str | Path, problem: str, action: str = "") -> None:
+        self.path = str(path)
+        self.problem = problem
+        msg = f"{self.path}: {problem}"
+        if action:
+            msg += f" {action}"
+        super().__init__(msg)
+
+
+class DeviceMismatchError(StateFileError):
+    """A saved state needs devices (e.g. CUDA GPUs) this process does not have."""
+
+
+class MissingGeneratorError(ReproError, KeyError):
+    """A saved state names a generator that was not passed or registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class RunDirError(StateFileError):
+    """A run directory that is missing, corrupt, truncated or of another format."""
+
+
+class ScriptError(ReproError):
+    """A user script that failed, was killed, or recorded nothing."""
+
+
+class CheckpointError(StateFileError):
+    """A checkpoint that is corrupt, foreign, or lacks a component the caller asked for."""
+
+
+class ReproWarning(UserWarning):
+    """A setting that undermines reproducibility but does not stop the run."""

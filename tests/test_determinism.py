@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import torchrepro
+from torchrepro import determinism
+from torchrepro.errors import ReproWarning
+
+N = 2_000_000
+
+
+def _scatter_results(times: int = 10) -> set[bytes]:
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 100, (N,), generator=g)
+    src = torch.randn(N, generator=g)
+    return {torch.zeros(100).index_put_((idx,), src, accumulate=True).numpy().tobytes() for _ in range(times)}
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+def test_index_put_accumulate_nondeterministic_then_fixed():
+    assert len(_scatter_results()) > 1
+    with torchrepro.deterministic():
+        assert len(_scatter_results()) == 1
+
+
+def _flags():
+    return (determinism.current_config(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+
+
+def test_context_sets_and_restores_everything(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    torch.backends.cudnn.benchmark = True
+    before = _flags()
+    with torchrepro.deterministic() as d:
+        cfg = torchrepro.current_config()
+        assert cfg.use_deterministic_algorithms and cfg.cudnn_deterministic and not cfg.cudnn_benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert cfg.is_deterministic and d.config == cfg
+    assert _flags() == before
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_restores_on_exception(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    before = _flags()
+    with pytest.raises(RuntimeError, match="boom"), torchrepro.deterministic(warn_only=True):
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        raise RuntimeError("boom")
+    assert _flags() == before
+
+
+def test_call_form_stays_on_and_decorator_scopes():
+    d = torchrepro.deterministic()
+    assert torch.are_deterministic_algorithms_enabled()
+    d.restore()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+    @torchrepro.deterministic(warn_only=True)
+    def inside():
+        return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+    assert not torch.are_deterministic_algorithms_enabled()  # decorating applies nothing
+    assert inside() == (True, True)
+    assert not torch.are_deterministic_algorithms_enabled()
+
+    @torchrepro.deterministic()
+    def fails():
+        raise ValueError("x")
+
+    with pytest.raises(ValueError):
+        fails()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_disable_inside_enabled():
+    with torchrepro.deterministic(), torchrepro.deterministic(False):
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cudnn.deterministic
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_fill_uninitialized_memory_flag():
+    mod = torch.utils.deterministic
+    before = mod.fill_uninitialized_memory
+    with torchrepro.deterministic(fill_uninitialized_memory=not before):
+        assert mod.fill_uninitialized_memory is (not before)
+    assert mod.fill_uninitialized_memory is before
+
+
+def test_warns_when_cuda_already_initialised(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(determinism, "_cuda_initialized", lambda: True)
+    with pytest.warns(ReproWarning, match="CUDA is already initialised") as rec, torchrepro.deterministic():
+        pass
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8 python train.py" in str(rec[0].message)
+
+
+def test_no_warning_when_env_preset(monkeypatch):
+    import warnings
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    monkeypatch.setattr(determinism, "_cuda_initialized", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReproWarning)
+        with torchrepro.deterministic():
+            pass
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="cublas_workspace must be one of"):
+        torchrepro.deterministic(cublas_workspace="4096")
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        torchrepro.deterministic("yes")  # type: ignore[arg-type]
+    assert not torch.are_deterministic_algorithms_enabled()
