@@ -26,9 +26,7 @@ import base64
 import contextlib
 import hashlib
 import json
-import os
 import random
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any
 import torch
 
 from ._compat import np
+from ._io import atomic_write_bytes
 from .errors import DeviceMismatchError, MissingGeneratorError, StateFileError
 
 FORMAT = "torchrepro.rng-state"
@@ -212,23 +211,6 @@ class RNGState:
 
 def _digest(state: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(state, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def save_rng_state(path: str | Path, state: RNGState | None = None) -> RNGState:

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import ReproError
-from . import env_cmd
+from . import check_cmd, diff_cmd, env_cmd, run_cmd
 
 # Subcommand modules, each with add_parser(subparsers) and run(args) -> int.
-COMMANDS = [env_cmd]
+COMMANDS = [run_cmd, check_cmd, diff_cmd, env_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,17 +32,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:  # everything after the first `--` is the user's command, untouched
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if extra and not getattr(args, "accepts_command", False):
+    takes_command = getattr(args, "accepts_command", False)
+    if extra and not takes_command:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "accepts_command", False):
-        if extra and extra[0] == "--":
-            extra = extra[1:]
-        args.user_command = list(extra)
+    if takes_command:
+        args.user_command = extra + command
+        if not args.user_command:
+            print(f"torchrepro {args.command}: error: no command given; usage: torchrepro {args.command} "
+                  "[OPTIONS] -- python train.py [ARGS]", file=sys.stderr)
+            return 2
     try:
         return int(args.handler(args))
     except ReproError as exc:

@@ -1,0 +1,143 @@
+"""``torchrepro check``: run a script N times and say whether, where and why the runs diverge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..compare import CheckResult, compare_runs
+from ..errors import ScriptError
+from ..launcher import LaunchOptions, RunResult, launch, parse_python_command
+from ..report import plot_check
+from ..store import load_run
+from ._render import render
+from .run_cmd import add_launch_options, positive_int
+
+STDERR_TAIL_LINES = 25
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
+                       usage="torchrepro check [--runs N] [--seed S] [--deterministic] [--max-steps K] [--json] "
+                             "[--out DIR] -- python train.py [ARGS]")
+    p.add_argument("--runs", type=positive_int, default=2, help="how many runs to compare (default 2)")
+    add_launch_options(p)
+    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    p.add_argument("--out", metavar="DIR", help="output directory (default torchrepro-runs/check-TIMESTAMP)")
+    p.set_defaults(handler=run, accepts_command=True)
+
+
+class _Progress:
+    """A progress display on stderr: rich when available and on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._rich: Any = None
+        if sys.stderr.isatty():
+            try:
+                from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+                self._rich = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      transient=True)
+            except ImportError:
+                self._rich = None
+
+    def __enter__(self) -> _Progress:
+        if self._rich is not None:
+            self._rich.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._rich is not None:
+            self._rich.__exit__(*exc)
+
+    def start(self, i: int) -> Any:
+        desc = f"run {i}/{self.total}"
+        if self._rich is None:
+            print(f"torchrepro: {desc} ...", file=sys.stderr, flush=True)
+            return lambda steps: None
+        task = self._rich.add_task(f"{desc}: starting", total=None)
+        return lambda steps: self._rich.update(task, description=f"{desc}: {steps} steps recorded")
+
+    def done(self, i: int, result: RunResult, seconds: float) -> None:
+        steps = (result.manifest or {}).get("steps", 0)
+        msg = f"torchrepro: run {i}/{self.total} {result.status}: {steps} steps in {seconds:.1f}s"
+        if self._rich is not None:
+            self._rich.console.print(msg, highlight=False)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+
+def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no output captured)"
+    return "\n".join(lines[-n:]) if lines else "(empty)"
+
+
+def _failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptError:
+    m = result.manifest or {}
+    if result.status == "killed":
+        what = f"was killed by {m.get('signal') or f'signal {-result.returncode}'}"
+    elif result.returncode != 0:
+        what = f"failed with exit code {result.returncode}"
+    else:
+        what = "finished but recorded no optimizer step and no backward() call"
+    hint = ("Fix the script so that it runs on its own (`python ...`), then check again."
+            if result.returncode != 0 else
+            "torchrepro check compares training steps: make sure the script calls loss.backward() "
+            "(and optimizer.step()).")
+    return ScriptError(f"run {i} of {total} {what}; the runs cannot be compared. {hint}\n"
+                       f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{_tail(run_dir / 'stderr.txt')}")
+
+
+def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> list[Path]:
+    """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run."""
+    parse_python_command(command)  # validate before starting anything
+    dirs = []
+    with _Progress(n) as progress:
+        for i in range(1, n + 1):
+            run_dir = out / f"run{i}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            update = progress.start(i)
+            t0 = time.perf_counter()
+            with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
+                opts_i = LaunchOptions(**{**opts.__dict__, "record": str(run_dir)})
+                result = launch(command, opts_i, stdout=so, stderr=se, on_poll=update)
+            progress.done(i, result, time.perf_counter() - t0)
+            if result.returncode != 0 or not (result.manifest or {}).get("steps"):
+                raise _failure(i, n, result, run_dir)
+            dirs.append(run_dir)
+    return dirs
+
+
+def finish(result: CheckResult, out: Path, *, what: str, as_json: bool) -> int:
+    """Plot, write check.json, print the summary or JSON; return the exit code (0 identical, 1 diverged)."""
+    plot = plot_check(result, out / "check.png")
+    doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
+                              "exit_code": 0 if result.verdict == "identical" else 1}
+    (out / "check.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render(result, what=what, plot=str(plot) if plot else None))
+    return doc["exit_code"]
+
+
+def default_out(prefix: str) -> Path:
+    return Path("torchrepro-runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.user_command
+    out = Path(args.out) if args.out else default_out("check")
+    opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
+                         keep_values=True)
+    dirs = execute_runs(command, out, args.runs, opts)
+    result = compare_runs([load_run(d) for d in dirs])
+    return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json)

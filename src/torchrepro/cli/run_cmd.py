@@ -1,0 +1,52 @@
+"""``torchrepro run``: run a training script unmodified, with seeding, deterministic mode and recording."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..launcher import LaunchOptions, launch
+from ..seeding import validate_seed
+
+
+def seed_arg(text: str) -> int:
+    try:
+        return validate_seed(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "must be" in str(exc) else
+                                         f"seed must be an integer in [0, 4294967295], got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_launch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before the script starts")
+    p.add_argument("--deterministic", action="store_true",
+                   help="switch deterministic mode on (flags + CUBLAS_WORKSPACE_CONFIG) before the script starts")
+    p.add_argument("--max-steps", type=positive_int, metavar="K", help="end the script cleanly after K steps")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording",
+                       usage="torchrepro run [--record DIR] [--seed S] [--deterministic] [--max-steps K] "
+                             "-- python train.py [ARGS]")
+    p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
+    p.add_argument("--keep-values", action="store_true",
+                   help="also save parameter values per step (needed for max |Δ weight|)")
+    add_launch_options(p)
+    p.set_defaults(handler=run, accepts_command=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
+                         max_steps=args.max_steps, keep_values=args.keep_values)
+    result = launch(args.user_command, opts)
+    return result.returncode if result.returncode >= 0 else 128 - result.returncode

@@ -1,0 +1,422 @@
+"""The step recorder: fingerprints what a training script does, step by step, with no code change (layer L2).
+
+It hooks three global places: ``torch.autograd.backward`` (the loss), the optimizer step post-hook (every
+``optimizer.step()``), and the DataLoader iterator (each batch). Per optimizer step it records the losses that
+``backward()`` was called on since the previous step, the batches yielded since then, and fingerprints of each
+named parameter, its gradient and its optimizer state. Scripts that update parameters by hand (no
+``torch.optim``) get one step per ``backward()`` call instead.
+
+From code::
+
+    with torchrepro.watch(model, optimizer, run_dir="runs/a"):
+        train()
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ._io import atomic_write_bytes
+from .envinfo import environment_summary
+from .fingerprint import fingerprint_many
+from .store import VALUES, TraceWriter, write_manifest
+
+DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
+
+
+class MaxStepsReached(SystemExit):
+    """Raised from the step hook to end a script cleanly after ``--max-steps`` steps."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def _tensors_in(obj: Any, out: list[torch.Tensor], depth: int = 0) -> list[torch.Tensor]:
+    """Tensors inside a batch (nested tuples, lists, dicts, dataclass-like objects)."""
+    if depth > 8:
+        return out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, Mapping):
+        for k in sorted(obj, key=str):
+            _tensors_in(obj[k], out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors_in(v, out, depth + 1)
+    return out
+
+
+def _float_hex(t: torch.Tensor) -> str | None:
+    if t.numel() != 1 or not t.is_floating_point():
+        return None
+    return float(t.detach().reshape(()).item()).hex()
+
+
+class _ValueWriter:
+    """Writes parameter value snapshots in a background thread (the copy itself is taken synchronously)."""
+
+    def __init__(self, directory: Path, budget: int) -> None:
+        self.dir = directory
+        self.budget = budget
+        self.used = 0
+        self.saved: list[str] = []
+        self.skipped = 0
+        self._q: queue.Queue[tuple[str, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=4)
+        self._thread = threading.Thread(target=self._work, name="torchrepro-values", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        import io
+
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            name, values = item
+            buf = io.BytesIO()
+            torch.save(values, buf)
+            atomic_write_bytes(self.dir / f"{name}.pt", buf.getvalue())
+
+    def submit(self, name: str, params: Mapping[str, torch.Tensor], *, force: bool = False) -> None:
+        size = sum(p.numel() * p.element_size() for p in params.values())
+        if not force and self.used + size > self.budget:
+            self.skipped += 1
+            return
+        self.used += size
+        values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
+        self.saved.append(name)
+        self._q.put((name, values))
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join()
+
+
+def discover_models() -> dict[str, nn.Module]:
+    """Root modules alive in this process (modules that are not a submodule of another), named for prefixes.
+
+    One root gets the empty prefix, so its parameters keep their own names (``layer1.0.conv1.weight``).
+    """
+    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
+    inner: set[int] = set()
+    for m in mods:
+        for sub in m.modules():
+            if sub is not m:
+                inner.add(id(sub))
+    roots = [m for m in mods if id(m) not in inner and any(True for _ in m.parameters())]
+    if len(roots) == 1:
+        return {"": roots[0]}
+    roots.sort(key=lambda m: (type(m).__name__, -sum(p.numel() for p in m.parameters())))
+    named: dict[str, nn.Module] = {}
+    for m in roots:
+        base = type(m).__name__
+        name, i = base, 1
+        while name in named:
+            i += 1
+            name = f"{base}{i}"
+        named[name] = m
+    return named
+
+
+class Recorder:
+    """Records a training run into a run directory. Use :func:`watch`, or ``torchrepro run`` for scripts.
+
+    Args:
+        run_dir: where ``trace.jsonl`` and ``values/`` go.
+        models: ``{prefix: module}`` giving parameter names; None discovers the root modules at the first step.
+        keep_values: also save parameter values per step (needed for max |Δ weight| and ULP distances).
+        max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        models: Mapping[str, nn.Module] | None = None,
+        keep_values: bool = False,
+        max_steps: int | None = None,
+        values_budget: int = DEFAULT_VALUES_BUDGET,
+    ) -> None:
+        self.trace = TraceWriter(run_dir)
+        self._models = dict(models) if models is not None else None
+        self.max_steps = max_steps
+        self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
+        self.steps = 0
+        self.backward_calls = 0
+        self._names: dict[int, str] = {}
+        self._pending_losses: list[dict[str, Any]] = []
+        self._pending_batches: list[str] = []
+        self._batches_since_backward: list[str] = []
+        self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._optimizers: dict[Any, int] = {}  # strong refs: the final parameters are read at exit
+        self._handles: list[Any] = []
+        self._orig_backward: Any = None
+        self._orig_next: Any = None
+        self._active = False
+        self._in_hook = False
+        self._t0 = time.perf_counter()
+        self.first_step_time: float | None = None
+        self.device: str | None = None
+
+    # --- naming ----------------------------------------------------------------------------------------
+    def _refresh_names(self) -> None:
+        models = self._models if self._models is not None else discover_models()
+        for prefix, model in models.items():
+            for name, p in model.named_parameters(remove_duplicate=True):
+                self._names.setdefault(id(p), f"{prefix}.{name}" if prefix else name)
+
+    def _named_params(self, params: Iterable[torch.Tensor], owner: str) -> dict[str, torch.Tensor]:
+        params = list(params)
+        if any(id(p) not in self._names for p in params):
+            self._refresh_names()
+        out: dict[str, torch.Tensor] = {}
+        for i, p in enumerate(params):
+            name = self._names.get(id(p))
+            if name is None:
+                name = self._names[id(p)] = f"{owner}.param{i}"
+            out[name] = p
+        return out
+
+    def _all_model_params(self) -> dict[str, torch.Tensor]:
+        models = self._models if self._models is not None else discover_models()
+        self._refresh_names()
+        out: dict[str, torch.Tensor] = {}
+        for model in models.values():
+            for p in model.parameters():
+                if p.requires_grad:
+                    out[self._names[id(p)]] = p
+        return out
+
+    # --- fingerprinting helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _fps(named: Mapping[str, torch.Tensor | None]) -> dict[str, str | None]:
+        keys = [k for k, v in named.items() if v is not None]
+        fps = fingerprint_many([named[k] for k in keys])  # type: ignore[misc]
+        out: dict[str, str | None] = dict.fromkeys(named)
+        out.update(zip(keys, fps))
+        return out
+
+    def _now(self) -> float:
+        return round(time.perf_counter() - self._t0, 6)
+
+    # --- hooks ------------------------------------------------------------------------------------------
+    def _on_batch(self, loader: Any, batch: Any) -> None:
+        idx = self._loaders.setdefault(loader, len(self._loaders))
+        tensors = _tensors_in(batch, [])
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"loader{idx}|{len(tensors)}".encode())
+        for fp in fingerprint_many(tensors):
+            h.update(fp.encode())
+        if not tensors:
+            h.update(repr(batch).encode(errors="replace"))
+        fp = h.hexdigest()
+        self._pending_batches.append(fp)
+        self._batches_since_backward.append(fp)
+
+    def _on_backward_start(self) -> None:
+        if self.backward_calls == 0 and self.steps == 0:
+            params = self._all_model_params()
+            if params:
+                self.device = str(next(iter(params.values())).device)
+            self.trace.write({"kind": "init", "t": self._now(), "params": self._fps(params)})
+            if self.values is not None:
+                self.values.submit("init", params, force=True)
+
+    def _on_backward_end(self, loss: torch.Tensor | None) -> None:
+        self.backward_calls += 1
+        entry = {"fp": None, "value": None}
+        if loss is not None:
+            entry = {"fp": fingerprint_many([loss])[0], "value": _float_hex(loss)}
+        self._pending_losses.append(entry)
+        event: dict[str, Any] = {"kind": "backward", "n": self.backward_calls, "t": self._now(),
+                                 "loss": entry, "batches": self._batches_since_backward}
+        self._batches_since_backward = []
+        if self.steps == 0:  # no optimizer has stepped (yet): each backward may be the step boundary
+            params = self._all_model_params()
+            event["params"] = self._fps(params)
+            event["grads"] = self._fps({k: p.grad for k, p in params.items()})
+            if self.values is not None:
+                self.values.submit(f"backward_{self.backward_calls:06d}", params)
+        self.trace.write(event)
+
+    def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.steps += 1
+        if self.first_step_time is None:
+            self.first_step_time = self._now()
+        opt_idx = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        params = self._named_params([p for g in optimizer.param_groups for p in g["params"]], f"opt{opt_idx}")
+        state: dict[str, torch.Tensor | None] = {}
+        scalars: dict[str, str] = {}
+        for name, p in params.items():
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    state[f"{name}.{key}"] = value
+                else:
+                    scalars[f"{name}.{key}"] = repr(value)
+        fps = self._fps({**{f"p:{k}": v for k, v in params.items()},
+                         **{f"g:{k}": v.grad for k, v in params.items()},
+                         **{f"s:{k}": v for k, v in state.items()}})
+        event = {
+            "kind": "step", "n": self.steps, "opt": opt_idx, "t": self._now(),
+            "losses": self._pending_losses, "batches": self._pending_batches,
+            "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
+            "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
+            "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
+            "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None for g in optimizer.param_groups],
+        }
+        self._pending_losses, self._pending_batches = [], []
+        self.trace.write(event)
+        if self.values is not None:
+            self.values.submit(f"step_{self.steps:06d}", params)
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise MaxStepsReached()
+
+    # --- install / uninstall ----------------------------------------------------------------------------
+    def install(self) -> Recorder:
+        """Hook into autograd, optimizers and DataLoaders (process-wide) until :meth:`uninstall`."""
+        if self._active:
+            return self
+        rec = self
+        orig_backward = torch.autograd.backward
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            if rec._in_hook:
+                return orig_backward(tensors, *args, **kwargs)
+            loss = tensors if isinstance(tensors, torch.Tensor) else (
+                tensors[0] if isinstance(tensors, (list, tuple)) and tensors else None)
+            rec._in_hook = True
+            try:
+                rec._on_backward_start()
+            finally:
+                rec._in_hook = False
+            result = orig_backward(tensors, *args, **kwargs)
+            rec._in_hook = True
+            try:
+                rec._on_backward_end(loss)
+            finally:
+                rec._in_hook = False
+            return result
+
+        self._orig_backward = orig_backward
+        torch.autograd.backward = backward  # type: ignore[assignment]
+
+        it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
+        orig_next = it_cls.__next__
+
+        def __next__(it: Any) -> Any:
+            batch = orig_next(it)
+            loader = getattr(it, "_torchrepro_loader", None)
+            rec._on_batch(loader if loader is not None else type(it), batch)
+            return batch
+
+        self._orig_next = orig_next
+        it_cls.__next__ = __next__  # type: ignore[method-assign]
+        self._orig_iter_init = it_cls.__init__
+        orig_init = it_cls.__init__
+
+        def __init__(it: Any, loader: Any) -> None:
+            orig_init(it, loader)
+            it._torchrepro_loader = loader
+
+        it_cls.__init__ = __init__  # type: ignore[method-assign]
+
+        def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            rec._on_step(optimizer)
+
+        self._handles.append(register_optimizer_step_post_hook(step_hook))
+        self._active = True
+        return self
+
+    def uninstall(self) -> None:
+        if not self._active:
+            return
+        torch.autograd.backward = self._orig_backward
+        it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
+        it_cls.__next__ = self._orig_next  # type: ignore[method-assign]
+        it_cls.__init__ = self._orig_iter_init  # type: ignore[method-assign]
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._active = False
+
+    def _final_params(self) -> dict[str, torch.Tensor]:
+        if not self.steps:
+            return self._all_model_params()
+        params: dict[str, torch.Tensor] = {}
+        for opt, idx in list(self._optimizers.items()):
+            params.update(self._named_params([p for g in opt.param_groups for p in g["params"]], f"opt{idx}"))
+        return params
+
+    def finish(self) -> dict[str, Any]:
+        """Uninstall, record the final parameters, flush everything; return a summary for the manifest."""
+        self.uninstall()
+        if self.steps or self.backward_calls:
+            params = self._final_params()
+            self.trace.write({"kind": "final", "t": self._now(), "params": self._fps(params)})
+            if self.values is not None:
+                self.values.submit("final", params, force=True)
+        if self.values is not None:
+            self.values.close()
+        self.trace.close()
+        return {
+            "step_mode": "optimizer" if self.steps else "backward",
+            "steps": self.steps if self.steps else self.backward_calls,
+            "optimizer_steps": self.steps,
+            "backward_calls": self.backward_calls,
+            "trace_records": self.trace.records,
+            "device": self.device,
+            "first_step_s": self.first_step_time,
+            "record_s": self._now(),
+            "values_saved": list(self.values.saved) if self.values else [],
+            "values_skipped": self.values.skipped if self.values else 0,
+        }
+
+
+class watch:  # noqa: N801 - reads as a function at call sites
+    """Record training from code: ``with torchrepro.watch(model, optimizer, run_dir="runs/a"): train()``.
+
+    ``model`` may be one module or a ``{prefix: module}`` dict (several models). ``optimizer`` is accepted for
+    symmetry with the CLI and for documentation; every optimizer's steps are recorded. On exit a
+    ``manifest.json`` is written, so ``torchrepro diff`` can compare two such directories.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Mapping[str, nn.Module],
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+        *,
+        run_dir: str | Path,
+        keep_values: bool = True,
+        max_steps: int | None = None,
+    ) -> None:
+        models = {"": model} if isinstance(model, nn.Module) else dict(model)
+        self.run_dir = Path(run_dir)
+        self.recorder = Recorder(run_dir, models=models, keep_values=keep_values, max_steps=max_steps)
+        self.summary: dict[str, Any] | None = None
+
+    def __enter__(self) -> Recorder:
+        self._start = time.time()
+        return self.recorder.install()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.summary = self.recorder.finish()
+        ok = exc_type is None or isinstance(exc, MaxStepsReached)
+        write_manifest(self.run_dir, {
+            "command": ["<watch>"], "exit_code": 0 if ok else 1, "status": "ok" if ok else "failed",
+            "seed": None, "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "max_steps": self.recorder.max_steps, "torch": torch.__version__,
+            "started": self._start, "duration_s": round(time.time() - self._start, 3),
+            "environment": environment_summary(), **self.summary,
+        })

@@ -1,0 +1,51 @@
+"""Plots of a comparison (layer L4). matplotlib is optional: without it, no plot is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .compare import CheckResult
+
+
+def plot_check(result: CheckResult, path: str | Path) -> Path | None:
+    """Write a PNG: loss curves of all runs overlaid, and per-step max |Δ weight| on a log scale.
+
+    Returns the path, or None when matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, losses in enumerate(result.losses):
+        xs = [k + 1 for k, v in enumerate(losses) if v is not None]
+        ys = [v for v in losses if v is not None]
+        ax1.plot(xs, ys, label=f"run {i + 1}", linestyle="-" if i == 0 else "--", alpha=0.85)
+    if result.first_step:
+        ax1.axvline(result.first_step, color="red", linewidth=0.8, label=f"first divergence (step {result.first_step})")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("loss")
+    ax1.set_title("Loss per step (all runs)")
+    ax1.legend(fontsize=8)
+    steps = sorted(result.param_delta)
+    deltas = [result.param_delta[k] for k in steps]
+    positive = [(k, d) for k, d in zip(steps, deltas) if d > 0]
+    if positive:
+        ax2.semilogy([k for k, _ in positive], [d for _, d in positive], marker="o", markersize=3)
+    else:
+        ax2.text(0.5, 0.5, "all parameters bitwise equal" if steps else "no parameter values saved",
+                 ha="center", va="center", transform=ax2.transAxes)
+    ax2.set_xlabel("step (0 = initial parameters)")
+    ax2.set_ylabel("max |Δ weight| vs run 1")
+    ax2.set_title("How the difference grew")
+    fig.suptitle(f"torchrepro check: {result.verdict}")
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
