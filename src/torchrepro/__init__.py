@@ -21,6 +21,7 @@ from .errors import (
     StateFileError,
 )
 from .fingerprint import fingerprint, fingerprint_many
+from .record import watch
 from .rng import (
     RNGState,
     isolate_rng,
@@ -57,4 +58,5 @@ __all__ = [
     "seed_everything",
     "seed_worker",
     "unregister_generator",
+    "watch",
 ]

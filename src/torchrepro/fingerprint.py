@@ -16,7 +16,9 @@ Algorithm (documented so that other tools can reproduce it):
 Guarantees: any change of a single bit changes the fingerprint; swapping two different values changes
 it, except for the documented blind spot: in tensors of at least ``2 * STRIDE`` words (1,008 bytes),
 swapping two 8-byte words whose word indices differ by a multiple of ``STRIDE`` (63 words, 504
-bytes) leaves the column sums, and so the fingerprint, unchanged. Other collisions happen with
+bytes) can leave the column sums, and so the fingerprint, unchanged (it always does when neither index is
+itself a multiple of ``STRIDE``). For float32 that means two elements 126 positions apart (or a multiple),
+in the same half of their 8-byte word. Other collisions happen with
 probability about 2**-64 per compared pair.
 
 Example:

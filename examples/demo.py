@@ -1,0 +1,30 @@
+"""`make demo`: torchrepro check on the nondeterministic example, then again in deterministic mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = ["python", str(HERE / "scatter_gnn.py")]
+
+
+def check(*flags: str) -> int:
+    cmd = [sys.executable, "-m", "torchrepro", "check", *flags, "--out", f"demo-out/check{''.join(flags)}",
+           "--", *SCRIPT]
+    print("\n$ torchrepro check " + " ".join(flags) + " -- python examples/scatter_gnn.py", flush=True)
+    return subprocess.call(cmd)
+
+
+def main() -> int:
+    first = check()
+    second = check("--deterministic")
+    verdict = {0: "identical", 1: "diverged"}
+    print(f"\nWithout deterministic mode: {verdict.get(first, f'error {first}')}; "
+          f"with --deterministic: {verdict.get(second, f'error {second}')}.")
+    return 0 if (first, second) == (1, 0) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
