@@ -1,3 +1,4 @@
 import sys
+
 print("about to fail", file=sys.stderr)
 raise RuntimeError("user script exploded: bad config value")

@@ -24,18 +24,22 @@ net, critic = Net(), nn.Linear(1, 1)
 opt = torch.optim.Adam(net.parameters(), lr=1e-2)
 lbfgs = torch.optim.LBFGS(critic.parameters(), max_iter=3)
 x = torch.randn(8, 3)
-for it in range(3):
-    for _ in range(2):  # gradient accumulation: two backward() per step
-        (net(x) ** 2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-    target = net(x).detach()
 
+
+def closure_for(target):
     def closure():
         lbfgs.zero_grad()
         loss = ((critic(target) - 1.0) ** 2).mean()
         loss.backward()
         return loss
 
-    lbfgs.step(closure)
+    return closure
+
+
+for _ in range(3):
+    for _k in range(2):  # gradient accumulation: two backward() per step
+        (net(x) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    lbfgs.step(closure_for(net(x).detach()))
 print("done")
