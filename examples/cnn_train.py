@@ -12,17 +12,33 @@ import torch
 from torch import nn
 
 
-class SmallCNN(nn.Module):
-    def __init__(self, classes: int = 10) -> None:
+def conv_bn(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(32 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, classes))
+        self.conv1 = conv_bn(channels, channels)
+        self.conv2 = conv_bn(channels, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        return torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
+
+
+class SmallCNN(nn.Module):
+    """A small ResNet-style CNN: most compute in 3x3 convolutions, global average pooling, one linear head."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn(3, 32), nn.ReLU())
+        self.layer1 = nn.Sequential(ResidualBlock(32))
+        self.layer2 = nn.Sequential(conv_bn(32, 64, stride=2), nn.ReLU(), ResidualBlock(64))
+        self.layer3 = nn.Sequential(conv_bn(64, 128, stride=2), nn.ReLU())
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer3(self.layer2(self.layer1(self.stem(x)))))
 
 
 def synthetic_images(n: int = 512, seed: int = 0) -> torch.utils.data.TensorDataset:

@@ -105,3 +105,13 @@ def test_public_api():
     assert sorted(torchrepro.__all__) == torchrepro.__all__
     for name in torchrepro.__all__:
         assert hasattr(torchrepro, name), name
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 125, 126, 127, 1000, 70_000, 300_000])
+def test_numpy_cpu_path_equals_torch_device_path(n):
+    from torchrepro.fingerprint import _lane_sums_numpy, _lane_sums_torch
+
+    ts = [_sample(d, n, seed=n) for d in DTYPES] + [torch.tensor(3.0)]
+    mask = (1 << 64) - 1
+    via_torch = [(a & mask, b & mask) for a, b in _lane_sums_torch(ts, torch.device("cpu"))]
+    assert _lane_sums_numpy(ts) == via_torch

@@ -34,7 +34,7 @@ def test_run_preserves_argv_exit_code_output_and_fixes_hashseed(tmp_path):
     assert m["exit_code"] == 3 and m["status"] == "failed" and m["steps"] == 5
     assert m["format"] == "torchrepro.run" and m["version"] == 1 and m["torch"] == torch.__version__
     assert m["environment"]["env"]["PYTHONHASHSEED"] == "0"
-    assert [e["kind"] for e in run.events] == ["init", "backward"] + ["step", "backward"] * 4 + ["step", "final"]
+    assert [e["kind"] for e in run.events] == ["init", "backward"] + ["step"] * 5 + ["final"]
 
 
 def test_hash_seed_is_fixed_in_child(tmp_path):

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from ._compat import np
 
 STRIDE = 63
 _ROW = STRIDE + 1
@@ -113,8 +116,17 @@ def _lanes(u: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.stack([_mix(u + key + salt) for salt in _LANE_SALTS])
 
 
+_header_cache: dict[tuple[torch.dtype, torch.Size], bytes] = {}
+
+
 def _header(t: torch.Tensor) -> bytes:
-    return f"{t.dtype}|{tuple(t.shape)}|{t.numel() * t.element_size()}".encode()
+    key = (t.dtype, t.shape)
+    h = _header_cache.get(key)
+    if h is None:
+        h = f"{t.dtype}|{tuple(t.shape)}|{t.numel() * t.element_size()}".encode()
+        if len(_header_cache) < 4096:
+            _header_cache[key] = h
+    return h
 
 
 def _finish(t: torch.Tensor, lanes: Sequence[int]) -> str:
@@ -144,30 +156,110 @@ def fingerprint(t: torch.Tensor) -> str:
 
     Raises :class:`UnfingerprintableError` for sparse, nested and meta tensors.
     """
-    return _finish(t, digest_tensor(t).tolist())
+    return fingerprint_many([t])[0]
+
+
+def _lane_sums_torch(tensors: Sequence[torch.Tensor], device: torch.device) -> list[tuple[int, int]]:
+    """Lane sums of tensors on one device, computed there with one device-to-host copy."""
+    us = [_fold(_words(t)) for t in tensors]
+    lengths = [u.numel() for u in us]
+    u = torch.cat(us) if len(us) > 1 else us[0]
+    sizes = torch.tensor(lengths, dtype=torch.int64, device=device)
+    seg = torch.repeat_interleave(torch.arange(len(us), device=device), sizes)
+    starts = torch.cumsum(sizes, 0) - sizes
+    pos = torch.arange(u.numel(), dtype=torch.int64, device=device) - starts[seg]
+    terms = _lanes(u, pos)
+    sums = torch.zeros(2, len(us), dtype=torch.int64, device=device).index_add_(1, seg, terms)
+    return [(a, b) for a, b in sums.t().tolist()]
+
+
+# --- CPU fast path: the same arithmetic in NumPy uint64, which has far less per-call overhead than torch ---
+_TORCH_FOLD_MIN_WORDS = 1 << 16  # longer tensors are folded by torch (multi-threaded), the rest by NumPy
+_NP_CONSTS = None
+
+
+def _np_consts() -> tuple:
+    global _NP_CONSTS
+    if _NP_CONSTS is None:
+        u = np.uint64
+        _NP_CONSTS = (u(_M1 % (1 << 64)), u(_M2 % (1 << 64)), u(_GOLDEN % (1 << 64)),
+                      tuple(u(x) for x in _LANE_SALTS), u(30), u(27), u(31))
+    return _NP_CONSTS
+
+
+def _np_mix(x: Any) -> Any:
+    m1, m2, _, _, s30, s27, s31 = _np_consts()
+    x = (x ^ (x >> s30)) * m1
+    x = (x ^ (x >> s27)) * m2
+    return x ^ (x >> s31)
+
+
+_NP_UNSUPPORTED = {torch.bfloat16: torch.int16, torch.complex32: torch.int32}
+
+
+def _np_words(t: torch.Tensor) -> Any:
+    """A CPU tensor's bytes as a NumPy uint64 array (zero-copy when contiguous and whole words)."""
+    flat = t.detach().reshape(-1)
+    if flat.is_conj() or flat.is_neg():
+        flat = flat.resolve_conj().resolve_neg()
+    if flat.dtype in _NP_UNSUPPORTED:
+        flat = flat.view(_NP_UNSUPPORTED[flat.dtype])
+    raw = flat.numpy().view(np.uint8)
+    pad = (-raw.size) % _BYTES
+    if pad:
+        raw = np.concatenate([raw, np.zeros(pad, dtype=np.uint8)])
+    return raw.view(np.uint64)
+
+
+def _np_folded(t: torch.Tensor) -> Any:
+    if t.numel() * t.element_size() >= _TORCH_FOLD_MIN_WORDS * _BYTES:
+        return _fold(_words(t)).numpy().view(np.uint64)
+    w = _np_words(t)
+    n = w.size
+    if n < 2 * STRIDE:
+        return w
+    rows = (n - _ROW) // STRIDE + 1
+    cols = np.lib.stride_tricks.as_strided(w, (rows, _ROW), (STRIDE * 8, 8)).sum(axis=0, dtype=np.uint64)
+    return np.concatenate([cols, w[(rows - 1) * STRIDE + _ROW :]])
+
+
+def _lane_sums_numpy(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    us = [_np_folded(t) for t in tensors]
+    sizes = np.fromiter((u.size for u in us), dtype=np.int64, count=len(us))
+    u = np.concatenate(us) if len(us) > 1 else us[0]
+    if u.size == 0:
+        return [(0, 0)] * len(us)
+    starts = np.cumsum(sizes) - sizes
+    pos = np.arange(u.size, dtype=np.uint64) - np.repeat(starts.astype(np.uint64), sizes)
+    _, _, golden, salts, *_ = _np_consts()
+    with np.errstate(over="ignore"):
+        key = u + pos * golden
+        nonempty = sizes > 0
+        out = []
+        for salt in salts:
+            terms = _np_mix(key + salt)
+            sums = np.zeros(len(us), dtype=np.uint64)
+            sums[nonempty] = np.add.reduceat(terms, starts[nonempty], dtype=np.uint64)
+            out.append(sums.tolist())
+    return list(zip(out[0], out[1]))
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
     """Fingerprints of many tensors with one device-to-host copy per device.
 
-    Equal to ``[fingerprint(t) for t in tensors]``; small tensors are processed together.
+    Equal to ``[fingerprint(t) for t in tensors]``. CPU tensors use a NumPy path with the same arithmetic
+    (when NumPy is installed); other devices compute on the device and copy back two words per tensor.
     """
     if not tensors:
         return []
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
+        check_fingerprintable(t)
         by_device.setdefault(t.device, []).append(i)
-    lanes: list[list[int]] = [[] for _ in tensors]
+    lanes: list[tuple[int, int]] = [(0, 0)] * len(tensors)
     for device, idx in by_device.items():
-        us = [_fold(_words(tensors[i])) for i in idx]
-        lengths = [u.numel() for u in us]
-        u = torch.cat(us) if len(us) > 1 else us[0]
-        sizes = torch.tensor(lengths, dtype=torch.int64, device=device)
-        seg = torch.repeat_interleave(torch.arange(len(us), device=device), sizes)
-        starts = torch.cumsum(sizes, 0) - sizes
-        pos = torch.arange(u.numel(), dtype=torch.int64, device=device) - starts[seg]
-        terms = _lanes(u, pos)
-        sums = torch.zeros(2, len(us), dtype=torch.int64, device=device).index_add_(1, seg, terms)
-        for j, (a, b) in zip(idx, sums.t().tolist()):
-            lanes[j] = [a, b]
+        group = [tensors[i] for i in idx]
+        sums = _lane_sums_numpy(group) if device.type == "cpu" and np is not None else _lane_sums_torch(group, device)
+        for j, lane in zip(idx, sums):
+            lanes[j] = lane
     return [_finish(t, lane) for t, lane in zip(tensors, lanes)]

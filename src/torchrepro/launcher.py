@@ -113,10 +113,11 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "torchrepro.launcher", *target.argv], env=child_env(opts),
                             stdout=stdout, stderr=stderr)
+    counter = _StepCounter(Path(opts.record)) if opts.record else None
     try:
         while proc.poll() is None:
-            if on_poll is not None and opts.record:
-                on_poll(_count_steps(Path(opts.record)))
+            if on_poll is not None and counter is not None:
+                on_poll(counter())
             try:
                 proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
@@ -167,14 +168,30 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
 
 
-def _count_steps(run_dir: Path) -> int:
-    path = run_dir / "trace.jsonl"
-    try:
-        with open(path, "rb") as f:
-            return sum(1 for line in f if line.startswith(b'{"kind":"step"') or
-                       line.startswith(b'{"kind":"backward"'))
-    except OSError:
-        return 0
+class _StepCounter:
+    """Counts recorded steps by reading only what was appended to the trace since the last call."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "trace.jsonl"
+        self.offset = 0
+        self.steps = 0
+        self.backwards = 0
+        self._partial = b""
+
+    def __call__(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return 0
+        self.offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.steps += line.startswith(b'{"kind":"step"')
+            self.backwards += line.startswith(b'{"kind":"backward"')
+        return self.steps or self.backwards
 
 
 # --- the child side -----------------------------------------------------------------------------------

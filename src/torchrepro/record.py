@@ -156,7 +156,7 @@ class Recorder:
         self.steps = 0
         self.backward_calls = 0
         self._names: dict[int, str] = {}
-        self._pending_losses: list[dict[str, Any]] = []
+        self._pending_losses: list[torch.Tensor | None] = []
         self._pending_batches: list[str] = []
         self._batches_since_backward: list[str] = []
         self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -236,20 +236,29 @@ class Recorder:
 
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
-        entry = {"fp": None, "value": None}
-        if loss is not None:
-            entry = {"fp": fingerprint_many([loss])[0], "value": _float_hex(loss)}
-        self._pending_losses.append(entry)
-        event: dict[str, Any] = {"kind": "backward", "n": self.backward_calls, "t": self._now(),
-                                 "loss": entry, "batches": self._batches_since_backward}
+        self._pending_losses.append(loss.detach() if loss is not None else None)
+        if self.steps:  # optimizer mode: the loss is fingerprinted with the step, in one batch
+            return
+        # No optimizer has stepped (yet): each backward() may be the step boundary, so record it fully.
+        params = self._all_model_params()
+        fps = self._fps({"loss": loss, **{f"p:{k}": v for k, v in params.items()},
+                         **{f"g:{k}": v.grad for k, v in params.items()}})
+        event: dict[str, Any] = {
+            "kind": "backward", "n": self.backward_calls, "t": self._now(),
+            "loss": {"fp": fps["loss"], "value": _float_hex(loss) if loss is not None else None},
+            "batches": self._batches_since_backward,
+            "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
+            "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
+        }
         self._batches_since_backward = []
-        if self.steps == 0:  # no optimizer has stepped (yet): each backward may be the step boundary
-            params = self._all_model_params()
-            event["params"] = self._fps(params)
-            event["grads"] = self._fps({k: p.grad for k, p in params.items()})
-            if self.values is not None:
-                self.values.submit(f"backward_{self.backward_calls:06d}", params)
+        if self.values is not None:
+            self.values.submit(f"backward_{self.backward_calls:06d}", params)
         self.trace.write(event)
+
+    def _losses(self) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor | None]]:
+        """Pending losses as trace entries (exact values as float.hex) and as tensors to fingerprint."""
+        entries = [{"value": _float_hex(t) if t is not None else None} for t in self._pending_losses]
+        return entries, {f"l:{i}": t for i, t in enumerate(self._pending_losses)}
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.steps += 1
@@ -265,18 +274,21 @@ class Recorder:
                     state[f"{name}.{key}"] = value
                 else:
                     scalars[f"{name}.{key}"] = repr(value)
-        fps = self._fps({**{f"p:{k}": v for k, v in params.items()},
+        losses, loss_tensors = self._losses()
+        fps = self._fps({**loss_tensors, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()},
                          **{f"s:{k}": v for k, v in state.items()}})
+        for i, entry in enumerate(losses):
+            entry["fp"] = fps[f"l:{i}"]
         event = {
             "kind": "step", "n": self.steps, "opt": opt_idx, "t": self._now(),
-            "losses": self._pending_losses, "batches": self._pending_batches,
+            "losses": losses, "batches": self._pending_batches,
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
             "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None for g in optimizer.param_groups],
         }
-        self._pending_losses, self._pending_batches = [], []
+        self._pending_losses, self._pending_batches, self._batches_since_backward = [], [], []
         self.trace.write(event)
         if self.values is not None:
             self.values.submit(f"step_{self.steps:06d}", params)

@@ -1,0 +1,48 @@
+"""Fingerprint throughput vs tensor.sum(), sha256 of host bytes and torch.hash_tensor (10M float32, CPU).
+
+Targets: fingerprint >= 0.5x the throughput of tensor.sum(), and >= 5x that of sha256.
+Run: python benchmarks/bench_fingerprint.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved  # noqa: E402
+
+from torchrepro import fingerprint  # noqa: E402
+
+
+def main() -> int:
+    x = torch.randn(10_000_000, generator=torch.Generator().manual_seed(0))
+    variants = {
+        "tensor.sum()": lambda: x.sum(),
+        "torchrepro.fingerprint": lambda: fingerprint(x),
+        "sha256(host bytes)": lambda: hashlib.sha256(x.numpy().tobytes()).digest(),
+    }
+    if hasattr(torch, "hash_tensor"):
+        variants["torch.hash_tensor"] = lambda: torch.hash_tensor(x)
+    times = interleaved(variants, rounds=15, inner=5)
+    print(f"10M float32 on CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    for name, t in times.items():
+        print(f"  {name:<24} {t * 1e3:8.3f} ms   {x.numel() * 4 / t / 1e9:7.2f} GB/s")
+    fp = times["torchrepro.fingerprint"]
+    vs_sum = times["tensor.sum()"] / fp
+    vs_sha = times["sha256(host bytes)"] / fp
+    print(f"throughput ratio fingerprint / sum    = {vs_sum:.2f}x  (target >= 0.5x) {'OK' if vs_sum >= 0.5 else 'MISSED'}")
+    print(f"throughput ratio fingerprint / sha256 = {vs_sha:.2f}x  (target >= 5x)   {'OK' if vs_sha >= 5 else 'MISSED'}")
+    if "torch.hash_tensor" in times:
+        print(f"throughput ratio fingerprint / torch.hash_tensor = {times['torch.hash_tensor'] / fp:.2f}x "
+              "(hash_tensor is XOR-based and does not see swapped values)")
+    else:
+        print("torch.hash_tensor: not in this torch version")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
