@@ -7,7 +7,8 @@
 """
 
 from ._version import __version__
-from .data import make_generator, seed_worker
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import ResumableLoader, make_generator, seed_worker
 from .determinism import DeterminismConfig, current_config, deterministic
 from .envinfo import environment_summary
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .fingerprint import fingerprint, fingerprint_many
 from .record import watch
+from .resume import ResumeReport, verify_resume
 from .rng import (
     RNGState,
     isolate_rng,
@@ -40,6 +42,8 @@ __all__ = [
     "RNGState",
     "ReproError",
     "ReproWarning",
+    "ResumableLoader",
+    "ResumeReport",
     "RunDirError",
     "ScriptError",
     "StateFileError",
@@ -51,12 +55,15 @@ __all__ = [
     "fingerprint",
     "fingerprint_many",
     "isolate_rng",
+    "load_checkpoint",
     "load_rng_state",
     "make_generator",
     "register_generator",
+    "save_checkpoint",
     "save_rng_state",
     "seed_everything",
     "seed_worker",
     "unregister_generator",
+    "verify_resume",
     "watch",
 ]

@@ -96,7 +96,7 @@ def save_checkpoint(
         "scaler": _state_of("scaler", scaler),
         "data": _state_of("data", loader),
         "rng": json.dumps(RNGState.capture().to_dict()),
-        "env": {"torch": torch.__version__, "device_kind": _device_kind()},
+        "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
     _write_atomic(path, payload)
@@ -111,7 +111,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        unsafe = [ln for ln in lines if "Unsupported global" in ln]
+        first = (unsafe or lines or [type(exc).__name__])[0]
         raise CheckpointError(path, f"cannot be read: it is corrupt, truncated, or holds objects that are not safe "
                               f"to load ({first[:200]}).",
                               "Use an earlier checkpoint; a checkpoint interrupted mid-write never replaces "
@@ -157,7 +159,7 @@ def load_checkpoint(
     except json.JSONDecodeError as exc:
         raise CheckpointError(path, f"has a corrupt RNG state ({exc}).", "Use an earlier checkpoint.") from None
     env = data.get("env") or {}
-    here = {"torch": torch.__version__, "device_kind": _device_kind()}
+    here = {"torch": str(torch.__version__), "device_kind": _device_kind()}
     changed = [f"{k} {env.get(k)} -> {v}" for k, v in here.items() if env.get(k) != v]
     if changed:
         warnings.warn(f"{path}: saved with a different environment ({'; '.join(changed)}); training resumes, "

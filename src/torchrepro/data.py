@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -59,3 +61,164 @@ def make_generator(seed: int | None = None) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(validate_seed(seed) if seed is not None else torch.initial_seed())
     return g
+
+
+# --- resumable data path ------------------------------------------------------------------------------
+class _SeededSamples(torch.utils.data.Dataset):
+    """Wraps a dataset so that sample (epoch, position) draws its augmentation randomness from its own seed.
+
+    Before each ``dataset[index]`` the global ``random``, NumPy and torch RNGs are seeded with
+    ``derive_seed(seed, "sample", epoch, position)``: the randomness of a sample depends only on where it
+    is in the epoch, not on which worker loads it or on what that worker loaded before. In the main process
+    (``num_workers=0``) the caller's RNG states are put back afterwards.
+    """
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _seed_all(self, epoch: int, position: int) -> None:
+        s = derive_seed(self.seed, "sample", epoch, position)
+        random.seed(s)
+        if np is not None:
+            np.random.seed(s)
+        torch.manual_seed(s)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> Any:
+        epoch, position, index = key
+        if torch.utils.data.get_worker_info() is not None:
+            self._seed_all(epoch, position)
+            return self.dataset[index]
+        py, tc = random.getstate(), torch.get_rng_state()
+        npy = np.random.get_state() if np is not None else None
+        try:
+            self._seed_all(epoch, position)
+            return self.dataset[index]
+        finally:
+            random.setstate(py)
+            torch.set_rng_state(tc)
+            if np is not None:
+                np.random.set_state(npy)
+
+
+class _KeyBatches(torch.utils.data.Sampler):
+    """Batches of (epoch, position, index) keys for one epoch, starting at a given batch."""
+
+    def __init__(self, order: list[int], epoch: int, batch_size: int, start_batch: int, drop_last: bool) -> None:
+        self.order, self.epoch, self.batch_size = order, epoch, batch_size
+        self.start_batch, self.drop_last = start_batch, drop_last
+
+    def _n_batches(self) -> int:
+        n = len(self.order)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __len__(self) -> int:
+        return max(0, self._n_batches() - self.start_batch)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
+        for b in range(self.start_batch, self._n_batches()):
+            lo = b * self.batch_size
+            hi = min(lo + self.batch_size, len(self.order))
+            yield [(self.epoch, pos, self.order[pos]) for pos in range(lo, hi)]
+
+
+class ResumableLoader:
+    """A DataLoader whose position can be saved and restored exactly, mid-epoch, with workers.
+
+    * The shuffle order of epoch ``e`` is a permutation drawn from ``derive_seed(seed, "epoch", e)``.
+    * Each sample's augmentation randomness (``random``, NumPy, torch) is seeded from (seed, epoch,
+      position in epoch), so it is the same whichever worker loads it and whatever was loaded before.
+    * The loader never draws from the global torch RNG (its workers' base seed comes from its own generator),
+      so creating it or resuming it does not shift the RNG stream of the training loop (e.g. dropout).
+    * ``state_dict()`` holds (epoch, batches consumed, seed); after ``load_state_dict`` iteration continues
+      with the next batch the uninterrupted run would have seen, without loading the skipped samples.
+
+    >>> loader = ResumableLoader(range(10), batch_size=4, seed=0)
+    >>> first = next(iter(loader))
+    >>> state = loader.state_dict()      # {'epoch': 0, 'batches_consumed': 1, ...}
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int = 1,
+        shuffle: bool = True,
+        seed: int | None = None,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        for bad in ("sampler", "batch_sampler", "generator", "worker_init_fn"):
+            if bad in dataloader_kwargs:
+                raise TypeError(f"ResumableLoader sets {bad} itself; remove the {bad}= argument.")
+        if seed is None:
+            seed = seed_from_env()
+        self.seed = validate_seed(seed if seed is not None else 0)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.kwargs = dataloader_kwargs
+        self.epoch = 0
+        self.batches_consumed = 0
+        self._it: Iterator[Any] | None = None
+
+    def next_batch(self) -> Any:
+        """The next batch, rolling over into the next epoch: handy for step-based training loops."""
+        if self._it is None:
+            self._it = iter(self)
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it = iter(self)
+            return next(self._it)
+
+    def _order(self, epoch: int) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
+        return torch.randperm(n, generator=g).tolist()
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first batch at the next iteration."""
+        self.epoch, self.batches_consumed, self._it = epoch, 0, None
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, start = self.epoch, self.batches_consumed
+        batches = _KeyBatches(self._order(epoch), epoch, self.batch_size, start, self.drop_last)
+        loader = torch.utils.data.DataLoader(
+            _SeededSamples(self.dataset, self.seed), batch_sampler=batches, num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(derive_seed(self.seed, "loader", epoch, start)),
+            **self.kwargs,
+        )
+        for batch in loader:
+            self.batches_consumed += 1
+            yield batch
+        self.epoch, self.batches_consumed = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches_consumed": self.batches_consumed, "seed": self.seed,
+                "dataset_len": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "drop_last": self.drop_last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; the dataset and batching must match the saving run."""
+        mine = self.state_dict()
+        for key in ("dataset_len", "batch_size", "shuffle", "drop_last"):
+            if key in state and state[key] != mine[key]:
+                raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {mine[key]!r}; "
+                                 "resuming would not give the same batches. Build the loader as in the saved run.")
+        self.seed = validate_seed(int(state["seed"]))
+        self.epoch = int(state["epoch"])
+        self.batches_consumed = int(state["batches_consumed"])
+        self._it = None

@@ -1,0 +1,183 @@
+"""``verify_resume``: prove that a checkpoint resumes training bit for bit (layer L3).
+
+It runs the same training three times, each in a fresh Python process:
+
+1. ``steps`` steps straight through;
+2. ``resume_at`` steps, then ``save`` (default :func:`torchrepro.save_checkpoint`);
+3. ``build`` + ``load`` (default :func:`torchrepro.load_checkpoint`) + the remaining steps;
+
+and compares the losses, parameters and optimizer state of runs 1 and 2+3 after every step.
+
+``build`` and ``step`` must be importable (module-level functions):
+
+    def build():                       # -> dict with model=, optimizer=, scheduler=, scaler=, loader= (any subset)
+        ...
+    def step(state):                   # one training step; returns the loss
+        ...
+
+    report = torchrepro.verify_resume(build, step, steps=20, resume_at=10)
+    assert report.identical, report
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .errors import ReproError
+from .fingerprint import fingerprint_many
+from .seeding import seed_everything
+
+
+class ResumeRunError(ReproError):
+    """One of the training processes of verify_resume failed."""
+
+
+@dataclass
+class ResumeReport:
+    """Outcome of :func:`verify_resume`: identical, or the first step and tensor that differ."""
+
+    identical: bool
+    steps: int
+    resume_at: int
+    first_step: int | None = None
+    what: str | None = None  # "loss", "parameter", "optimizer state" or "step count"
+    tensor: str | None = None
+    losses_straight: list[float | None] = field(default_factory=list)
+    losses_resumed: list[float | None] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.identical:
+            return (f"resume is bitwise exact: {self.steps} steps straight == {self.resume_at} steps + save + "
+                    f"load in a new process + {self.steps - self.resume_at} steps (losses, parameters, "
+                    "optimizer state)")
+        return (f"resume differs from the uninterrupted run: first at step {self.first_step} "
+                f"(resumed after step {self.resume_at}), {self.what} {self.tensor or ''}".rstrip())
+
+
+def _ref(fn: Callable[..., Any]) -> str:
+    mod = fn.__module__
+    if mod == "__main__":
+        mod = str(Path(sys.modules["__main__"].__file__ or "").resolve())
+    if "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>":
+        raise TypeError(f"{fn.__qualname__} must be a module-level function so that a fresh process can import it")
+    return f"{mod}:{fn.__qualname__}"
+
+
+def _resolve(ref: str) -> Callable[..., Any]:
+    mod_name, _, qual = ref.rpartition(":")
+    if mod_name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("_torchrepro_resume_target", mod_name)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(mod_name)
+    obj: Any = module
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def default_save(path: str, state: dict[str, Any], step: int) -> None:
+    save_checkpoint(path, step=step, **state)
+
+
+def default_load(path: str, state: dict[str, Any]) -> None:
+    load_checkpoint(path, **state)
+
+
+def _snapshot(state: dict[str, Any], loss: Any) -> dict[str, Any]:
+    """Loss bits and fingerprints of parameters and optimizer-state tensors after one step."""
+    named: dict[str, torch.Tensor] = {f"param:{k}": v for k, v in state["model"].state_dict().items()}
+    opt = state.get("optimizer")
+    if opt is not None:
+        for pid, s in opt.state_dict()["state"].items():
+            for key, value in s.items():
+                if isinstance(value, torch.Tensor):
+                    named[f"optimizer state:param{pid}.{key}"] = value
+    fps = dict(zip(named, fingerprint_many(list(named.values()))))
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach().double().item() if loss.numel() == 1 else None
+    return {"loss": float(loss).hex() if loss is not None else None, "fps": fps}
+
+
+def run_child(cfg: dict[str, Any]) -> None:
+    seed_everything(cfg["seed"], workers=True)
+    build, step = _resolve(cfg["build"]), _resolve(cfg["step"])
+    state = build()
+    if cfg["role"] == "resumed":
+        _resolve(cfg["load"])(cfg["ckpt"], state)
+    records = []
+    for _ in range(cfg["first"], cfg["last"] + 1):
+        records.append(_snapshot(state, step(state)))
+    if cfg["role"] == "first":
+        _resolve(cfg["save"])(cfg["ckpt"], state, cfg["last"])
+    Path(cfg["out"]).write_text(json.dumps(records))
+
+
+def _run(cfg: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONHASHSEED": "0"}
+    proc = subprocess.run([sys.executable, "-m", "torchrepro._resume_child", json.dumps(cfg)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+        raise ResumeRunError(f"verify_resume: the {cfg['role']} run (steps {cfg['first']}..{cfg['last']}) failed "
+                             f"with exit code {proc.returncode}:\n{tail}")
+    return json.loads(Path(cfg["out"]).read_text())
+
+
+def verify_resume(
+    build: Callable[[], dict[str, Any]],
+    step: Callable[[dict[str, Any]], Any],
+    *,
+    steps: int,
+    resume_at: int,
+    seed: int = 0,
+    save: Callable[[str, dict[str, Any], int], None] = default_save,
+    load: Callable[[str, dict[str, Any]], None] = default_load,
+    workdir: str | Path | None = None,
+    timeout: float = 600,
+) -> ResumeReport:
+    """Check that ``resume_at`` steps + save + load in a new process + the rest equals ``steps`` straight.
+
+    ``save(path, state, step)`` and ``load(path, state)`` default to torchrepro's checkpoints; pass your own
+    to test another checkpointing scheme. Returns a :class:`ResumeReport`.
+    """
+    if not 0 < resume_at < steps:
+        raise ValueError(f"need 0 < resume_at < steps, got resume_at={resume_at}, steps={steps}")
+    work = Path(workdir or tempfile.mkdtemp(prefix="torchrepro-resume-"))
+    work.mkdir(parents=True, exist_ok=True)
+    base = {"seed": seed, "build": _ref(build), "step": _ref(step), "save": _ref(save), "load": _ref(load),
+            "ckpt": str(work / "checkpoint.pt")}
+    straight = _run({**base, "role": "straight", "first": 1, "last": steps, "out": str(work / "straight.json")},
+                    timeout)
+    first = _run({**base, "role": "first", "first": 1, "last": resume_at, "out": str(work / "first.json")}, timeout)
+    rest = _run({**base, "role": "resumed", "first": resume_at + 1, "last": steps, "out": str(work / "rest.json")},
+                timeout)
+    resumed = first + rest
+    report = ResumeReport(identical=True, steps=steps, resume_at=resume_at,
+                          losses_straight=[float.fromhex(r["loss"]) if r["loss"] else None for r in straight],
+                          losses_resumed=[float.fromhex(r["loss"]) if r["loss"] else None for r in resumed])
+    for k, (a, b) in enumerate(zip(straight, resumed), start=1):
+        if a["loss"] != b["loss"]:
+            report.identical, report.first_step, report.what, report.tensor = False, k, "loss", None
+            return report
+        diff = [n for n in a["fps"] if a["fps"][n] != b["fps"].get(n)] + [n for n in b["fps"] if n not in a["fps"]]
+        if diff:
+            kind, _, name = diff[0].partition(":")
+            report.identical, report.first_step, report.what, report.tensor = False, k, kind, name
+            return report
+    return report

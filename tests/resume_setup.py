@@ -1,0 +1,82 @@
+"""Module-level training setups for verify_resume (a fresh process must be able to import them)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch import nn
+
+import torchrepro
+
+
+class AugmentedPoints(torch.utils.data.Dataset):
+    """Fixed points plus random augmentation from random, NumPy and torch."""
+
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(123)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        noise = torch.randn(8) * 0.1 + random.random() * 0.01 + float(np.random.rand()) * 0.01
+        return self.x[i] + noise, self.y[i]
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+
+
+def build() -> dict:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5),
+        "loader": torchrepro.ResumableLoader(AugmentedPoints(), batch_size=8, shuffle=True, num_workers=2, seed=0),
+    }
+
+
+def step(state: dict) -> torch.Tensor:
+    x, y = state["loader"].next_batch()
+    state["optimizer"].zero_grad()
+    loss = nn.functional.cross_entropy(state["model"](x), y)
+    loss.backward()
+    state["optimizer"].step()
+    state["scheduler"].step()
+    return loss
+
+
+def build_amp() -> dict:
+    state = build()
+    state["scaler"] = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    return state
+
+
+def step_amp(state: dict) -> torch.Tensor:
+    x, y = state["loader"].next_batch()
+    opt, scaler = state["optimizer"], state["scaler"]
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = nn.functional.cross_entropy(state["model"](x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    state["scheduler"].step()
+    return loss
+
+
+def plain_save(path: str, state: dict, step: int) -> None:
+    """What many scripts do: model + optimizer only, no RNG state, no data position."""
+    torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict()}, path)
+
+
+def plain_load(path: str, state: dict) -> None:
+    data = torch.load(path, weights_only=True)
+    state["model"].load_state_dict(data["model"])
+    state["optimizer"].load_state_dict(data["optimizer"])

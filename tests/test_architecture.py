@@ -1,0 +1,56 @@
+"""Keep the layering of docs/architecture honest: a module imports only from its own layer or below."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
+
+LAYERS = {
+    0: {"errors", "fingerprint", "_compat", "_io", "_version"},
+    1: {"seeding", "determinism", "rng", "data", "checkpoint"},
+    2: {"record", "launcher", "envinfo", "store", "optrace"},
+    3: {"compare", "resume", "locate", "_resume_child"},
+    4: {"cli", "report", "__init__", "__main__"},
+}
+LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module and node.module.startswith("torchrepro"):
+                parts = node.module.split(".")
+                found.add(parts[1] if len(parts) > 1 else "__init__")
+            elif node.level >= 1:
+                depth_ok = node.level == 1 or (node.level == 2 and path.parent.name == "cli")
+                if depth_ok and node.module:
+                    found.add(node.module.split(".")[0])
+                elif depth_ok:
+                    found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_every_module_has_a_layer():
+    names = {_module_name(p) for p in PKG.rglob("*.py")}
+    assert names <= set(LAYER_OF), f"add these modules to LAYERS: {sorted(names - set(LAYER_OF))}"
+
+
+def test_modules_import_only_their_layer_or_below():
+    problems = []
+    for path in PKG.rglob("*.py"):
+        me = _module_name(path)
+        if path.parent.name == "cli" and path.name != "__init__.py":
+            me = "cli"
+        for dep in _imports(path):
+            if dep in LAYER_OF and dep != me and LAYER_OF[dep] > LAYER_OF[me]:
+                problems.append(f"{path.relative_to(PKG)} (L{LAYER_OF[me]}) imports {dep} (L{LAYER_OF[dep]})")
+    assert not problems, "\n".join(problems)

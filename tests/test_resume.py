@@ -1,0 +1,244 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import torchrepro
+from torchrepro.checkpoint import read_checkpoint
+from torchrepro.errors import CheckpointError, ReproWarning
+
+from . import resume_setup
+
+
+def _amp_supported() -> bool:
+    try:
+        torch.amp.GradScaler("cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            pass
+        return True
+    except Exception:
+        return False
+
+
+def test_resume_at_epoch_boundary_is_bitwise(tmp_path):
+    report = torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=16, resume_at=8,
+                                      workdir=tmp_path)
+    assert report.identical, str(report)
+    assert len(report.losses_straight) == 16 and report.losses_straight == report.losses_resumed
+    assert "bitwise exact" in str(report)
+
+
+def test_resume_mid_epoch_is_bitwise(tmp_path):
+    report = torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=13, resume_at=5,
+                                      workdir=tmp_path)
+    assert report.identical, str(report)
+
+
+@pytest.mark.skipif(not _amp_supported(), reason="this torch has no CPU GradScaler / bf16 autocast")
+def test_resume_with_bf16_autocast_and_grad_scaler(tmp_path):
+    report = torchrepro.verify_resume(resume_setup.build_amp, resume_setup.step_amp, steps=10, resume_at=4,
+                                      workdir=tmp_path)
+    assert report.identical, str(report)
+
+
+def test_plain_torch_save_is_caught(tmp_path):
+    report = torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=10, resume_at=4,
+                                      save=resume_setup.plain_save, load=resume_setup.plain_load, workdir=tmp_path)
+    assert not report.identical
+    assert report.first_step == 5 and report.what == "loss"
+    assert report.losses_straight[:4] == report.losses_resumed[:4]
+    assert "first at step 5" in str(report)
+
+
+def test_verify_resume_argument_errors():
+    with pytest.raises(ValueError, match="need 0 < resume_at < steps"):
+        torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=4, resume_at=4)
+    with pytest.raises(TypeError, match="must be a module-level function"):
+        torchrepro.verify_resume(lambda: {}, resume_setup.step, steps=4, resume_at=2)
+
+
+# --- checkpoint files --------------------------------------------------------------------------------
+def _small():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_round_trip_restores_everything_and_rng(tmp_path):
+    model, opt = _small()
+    loader = torchrepro.ResumableLoader(list(range(10)), batch_size=3, seed=1)
+    next(iter(loader))
+    path = tmp_path / "c.pt"
+    torchrepro.save_checkpoint(path, model=model, optimizer=opt, loader=loader, step=7, extra={"best": 0.5})
+    expected = torch.rand(3)
+    model2, opt2 = nn.Linear(4, 2), torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1, momentum=0.9)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    loader2 = torchrepro.ResumableLoader(list(range(10)), batch_size=3, seed=99)
+    out = torchrepro.load_checkpoint(path, model=model2, optimizer=opt2, loader=loader2)
+    assert out == {"step": 7, "extra": {"best": 0.5}}
+    assert torch.equal(torch.rand(3), expected)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    assert loader2.state_dict() == loader.state_dict()
+    assert read_checkpoint(path)["format"] == "torchrepro.checkpoint"
+
+
+def test_missing_components_and_bad_files(tmp_path):
+    model, opt = _small()
+    path = tmp_path / "c.pt"
+    torchrepro.save_checkpoint(path, model=model, step=1)
+    with pytest.raises(CheckpointError, match="has no optimizer state, but a optimizer was passed"):
+        torchrepro.load_checkpoint(path, model=model, optimizer=opt)
+    loader = torchrepro.ResumableLoader(list(range(4)))
+    with pytest.raises(CheckpointError, match=r"has no data position \(loader state\)"):
+        torchrepro.load_checkpoint(path, model=model, loader=loader)
+
+    data = torch.load(path, weights_only=True)
+    data["rng"] = None
+    torch.save(data, tmp_path / "norng.pt")
+    with pytest.raises(CheckpointError, match="has no RNG state"):
+        torchrepro.load_checkpoint(tmp_path / "norng.pt", model=model)
+
+    torch.save({"model": model.state_dict()}, tmp_path / "plain.pt")
+    with pytest.raises(CheckpointError, match="is not a torchrepro checkpoint: format None"):
+        torchrepro.load_checkpoint(tmp_path / "plain.pt", model=model)
+
+    raw = path.read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(CheckpointError, match="trunc.pt: cannot be read: it is corrupt, truncated"):
+        torchrepro.load_checkpoint(tmp_path / "trunc.pt", model=model)
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        torchrepro.load_checkpoint(tmp_path / "garbage.pt", model=model)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        torchrepro.load_checkpoint(tmp_path / "nope.pt", model=model)
+    with pytest.raises(CheckpointError, match="does not fit the objects passed"):
+        torchrepro.load_checkpoint(path, model=nn.Linear(5, 2))
+    with pytest.raises(TypeError, match="Wrap your data in torchrepro.ResumableLoader"):
+        torchrepro.save_checkpoint(path, model=model, loader=torch.utils.data.DataLoader(range(3)), step=1)
+
+
+def test_unsafe_pickle_is_refused(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "torchrepro.checkpoint", "version": 1, "x": Evil()}, path, pickle_module=pickle)
+    with pytest.raises(CheckpointError, match="not safe"):
+        torchrepro.load_checkpoint(path, model=nn.Linear(1, 1))
+
+
+def test_environment_change_warns(tmp_path):
+    model, _ = _small()
+    path = tmp_path / "c.pt"
+    torchrepro.save_checkpoint(path, model=model, step=1)
+    data = torch.load(path, weights_only=True)
+    data["env"]["torch"] = "1.13.0"
+    torch.save(data, path)
+    with pytest.warns(ReproWarning, match=r"torch 1.13.0 -> .*bitwise equality .* is not expected"):
+        torchrepro.load_checkpoint(path, model=model)
+    data["env"]["torch"] = str(torch.__version__)
+    torch.save(data, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReproWarning)
+        torchrepro.load_checkpoint(path, model=model)
+
+
+KILLER = r"""
+import sys, time, torch, torchrepro
+from torchrepro import checkpoint
+
+model = torch.nn.Linear(256, 256)
+torchrepro.save_checkpoint(sys.argv[1], model=model, step=1)
+real_save = torch.save
+
+def slow_save(obj, f, *a, **k):
+    import io
+    buf = io.BytesIO()
+    real_save(obj, buf)
+    data = buf.getvalue()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    print("WRITING", flush=True)
+    time.sleep(60)
+    f.write(data[len(data) // 2:])
+
+checkpoint.torch.save = slow_save
+torch.nn.init.zeros_(model.weight)
+torchrepro.save_checkpoint(sys.argv[1], model=model, step=2)
+"""
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    proc = subprocess.Popen([sys.executable, "-c", KILLER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "WRITING"
+        proc.kill()  # SIGKILL mid-write
+    finally:
+        proc.wait(timeout=30)
+    model = nn.Linear(256, 256)
+    assert torchrepro.load_checkpoint(path, model=model)["step"] == 1
+    assert model.weight.abs().sum() > 0  # the old weights, not the zeroed ones
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
+    assert all(name.startswith(".ckpt.pt.") for name in leftovers)
+
+
+# --- resumable loader ----------------------------------------------------------------------------------
+class Counting(torch.utils.data.Dataset):
+    def __init__(self, n: int = 20) -> None:
+        self.n, self.calls = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.calls += 1
+        return torch.tensor(float(i)) + torch.rand(())
+
+
+def test_loader_resumes_mid_epoch_without_loading_skipped_samples():
+    full = torchrepro.ResumableLoader(Counting(), batch_size=4, seed=3)
+    straight = [b.tolist() for _ in range(2) for b in full]
+    first = torchrepro.ResumableLoader(Counting(), batch_size=4, seed=3)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(2)]
+    state = first.state_dict()
+    assert state["epoch"] == 0 and state["batches_consumed"] == 2
+    ds = Counting()
+    second = torchrepro.ResumableLoader(ds, batch_size=4, seed=3)
+    second.load_state_dict(json.loads(json.dumps(state)))
+    tail = [b.tolist() for b in second] + [b.tolist() for b in second]
+    assert head + tail == straight
+    assert ds.calls == 20 - 8 + 20  # the 8 skipped samples were never loaded
+
+
+def test_loader_workers_match_main_process_and_keep_global_rng():
+    torch.manual_seed(0)
+    before = torch.rand(1)
+    torch.manual_seed(0)
+    a = [b.tolist() for b in torchrepro.ResumableLoader(Counting(), batch_size=4, seed=5, num_workers=2)]
+    assert torch.equal(torch.rand(1), before)  # the loader never drew from the global torch RNG
+    b = [b.tolist() for b in torchrepro.ResumableLoader(Counting(), batch_size=4, seed=5, num_workers=0)]
+    assert a == b
+    c = [b.tolist() for b in torchrepro.ResumableLoader(Counting(), batch_size=4, seed=6, num_workers=0)]
+    assert a != c
+
+
+def test_loader_state_mismatch():
+    loader = torchrepro.ResumableLoader(Counting(), batch_size=4)
+    with pytest.raises(ValueError, match="batch_size=8 but this loader has 4"):
+        loader.load_state_dict({**loader.state_dict(), "batch_size": 8})
+    with pytest.raises(TypeError, match="sets sampler itself"):
+        torchrepro.ResumableLoader(Counting(), sampler=None)
