@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint"},
-    2: {"record", "launcher", "envinfo", "store", "optrace"},
+    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules"},
     3: {"compare", "resume", "locate", "_resume_child"},
     4: {"cli", "report", "__init__", "__main__"},
 }

@@ -22,6 +22,7 @@ from .errors import (
     StateFileError,
 )
 from .fingerprint import fingerprint, fingerprint_many
+from .optrace import trace_ops
 from .record import watch
 from .resume import ResumeReport, verify_resume
 from .rng import (
@@ -63,6 +64,7 @@ __all__ = [
     "save_rng_state",
     "seed_everything",
     "seed_worker",
+    "trace_ops",
     "unregister_generator",
     "verify_resume",
     "watch",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import IO, Any
 import torch
 
 from .errors import ReproError
-from .store import read_trace_lines, write_manifest
+from .store import MANIFEST, OPS, TRACE, VALUES, read_trace_lines, write_manifest
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
 _PY_FLAGS_IGNORED = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-q"}
@@ -77,6 +78,8 @@ class LaunchOptions:
     deterministic: bool = False
     max_steps: int | None = None
     keep_values: bool = False
+    trace_steps: list[int] | None = None  # [first, last] steps to trace op by op (see optrace)
+    trace_mode: str = "optimizer"
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -101,6 +104,22 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
+def prepare_run_dir(path: Path) -> None:
+    """Create ``path``, or empty it of an earlier recording; refuse to touch a directory that is not a run."""
+    if path.exists() and not path.is_dir():
+        raise CommandError(f"--record {path}: exists and is not a directory.")
+    if path.is_dir() and any(path.iterdir()):
+        known = {MANIFEST, TRACE, OPS, VALUES, "child.json", "stdout.txt", "stderr.txt"}
+        names = {p.name for p in path.iterdir()} - {"stdout.txt", "stderr.txt"}
+        if names and (not names & {MANIFEST, TRACE} or names - known):
+            raise CommandError(f"--record {path}: the directory is not empty and is not a torchrepro run "
+                               f"directory (it holds {sorted(names)[:5]}). Choose a new or empty directory.")
+        for name in names:
+            target = path / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
 def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
            stderr: IO[Any] | None = None, on_poll: Any = None) -> RunResult:
     """Run ``command`` recorded into ``opts.record``; write the manifest; return the outcome.
@@ -109,7 +128,7 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     """
     target = parse_python_command(command)
     if opts.record:
-        Path(opts.record).mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(Path(opts.record))
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "torchrepro.launcher", *target.argv], env=child_env(opts),
                             stdout=stdout, stderr=stderr)
@@ -207,7 +226,9 @@ def _child_main(argv: list[str]) -> int:
         determinism.deterministic(True)
     recorder = None
     if opts.record:
-        recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps).install()
+        recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps,
+                            trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
+                            trace_mode=opts.trace_mode).install()
     target = argv[0]
     is_module = not target.endswith(".py") or not Path(target).is_file()
     sys.argv = list(argv)

@@ -14,7 +14,6 @@ From code::
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import queue
 import threading
@@ -29,9 +28,11 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._io import atomic_write_bytes
+from ._modules import discover_models
 from .envinfo import environment_summary
 from .fingerprint import fingerprint_many
-from .store import VALUES, TraceWriter, write_manifest
+from .optrace import OpTracer
+from .store import OPS, VALUES, TraceWriter, write_manifest
 
 DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
 
@@ -104,32 +105,6 @@ class _ValueWriter:
         self._thread.join()
 
 
-def discover_models() -> dict[str, nn.Module]:
-    """Root modules alive in this process (modules that are not a submodule of another), named for prefixes.
-
-    One root gets the empty prefix, so its parameters keep their own names (``layer1.0.conv1.weight``).
-    """
-    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
-    inner: set[int] = set()
-    for m in mods:
-        for sub in m.modules():
-            if sub is not m:
-                inner.add(id(sub))
-    roots = [m for m in mods if id(m) not in inner and any(True for _ in m.parameters())]
-    if len(roots) == 1:
-        return {"": roots[0]}
-    roots.sort(key=lambda m: (type(m).__name__, -sum(p.numel() for p in m.parameters())))
-    named: dict[str, nn.Module] = {}
-    for m in roots:
-        base = type(m).__name__
-        name, i = base, 1
-        while name in named:
-            i += 1
-            name = f"{base}{i}"
-        named[name] = m
-    return named
-
-
 class Recorder:
     """Records a training run into a run directory. Use :func:`watch`, or ``torchrepro run`` for scripts.
 
@@ -148,8 +123,14 @@ class Recorder:
         keep_values: bool = False,
         max_steps: int | None = None,
         values_budget: int = DEFAULT_VALUES_BUDGET,
+        trace_steps: tuple[int, int] | None = None,
+        trace_mode: str = "optimizer",
     ) -> None:
         self.trace = TraceWriter(run_dir)
+        # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
+        self.trace_steps = trace_steps
+        self.trace_mode = trace_mode
+        self._tracer = OpTracer(models=models, path=self.trace.dir / OPS, keep=False) if trace_steps else None
         self._models = dict(models) if models is not None else None
         self.max_steps = max_steps
         self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
@@ -225,7 +206,20 @@ class Recorder:
         self._pending_batches.append(fp)
         self._batches_since_backward.append(fp)
 
+    def _trace_boundary(self, next_step: int) -> None:
+        """Called where step ``next_step`` begins: start or stop the op tracer for the traced range."""
+        if self._tracer is None or self.trace_steps is None:
+            return
+        lo, hi = self.trace_steps
+        if lo <= next_step <= hi:
+            self._tracer.start()
+            self._tracer.step = next_step
+        elif self._tracer.active:
+            self._tracer.stop()
+
     def _on_backward_start(self) -> None:
+        if self.backward_calls == 0 and self.steps == 0 and self.trace_steps and self.trace_steps[0] == 0:
+            self._trace_boundary(1)  # the init region (step 0) ends where the first backward starts
         if self.backward_calls == 0 and self.steps == 0:
             params = self._all_model_params()
             if params:
@@ -237,6 +231,8 @@ class Recorder:
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
         self._pending_losses.append(loss.detach() if loss is not None else None)
+        if self.trace_mode == "backward":
+            self._trace_boundary(self.backward_calls + 1)
         if self.steps:  # optimizer mode: the loss is fingerprinted with the step, in one batch
             return
         # No optimizer has stepped (yet): each backward() may be the step boundary, so record it fully.
@@ -292,6 +288,8 @@ class Recorder:
         self.trace.write(event)
         if self.values is not None:
             self.values.submit(f"step_{self.steps:06d}", params)
+        if self.trace_mode == "optimizer":
+            self._trace_boundary(self.steps + 1)
         if self.max_steps is not None and self.steps >= self.max_steps:
             raise MaxStepsReached()
 
@@ -301,6 +299,8 @@ class Recorder:
         if self._active:
             return self
         rec = self
+        if self.trace_steps is not None:
+            self._trace_boundary(0 if self.trace_steps[0] == 0 else 1)
         orig_backward = torch.autograd.backward
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
@@ -373,6 +373,8 @@ class Recorder:
 
     def finish(self) -> dict[str, Any]:
         """Uninstall, record the final parameters, flush everything; return a summary for the manifest."""
+        if self._tracer is not None:
+            self._tracer.stop()
         self.uninstall()
         if self.steps or self.backward_calls:
             params = self._final_params()
@@ -393,6 +395,8 @@ class Recorder:
             "record_s": self._now(),
             "values_saved": list(self.values.saved) if self.values else [],
             "values_skipped": self.values.skipped if self.values else 0,
+            "traced_steps": list(self.trace_steps) if self.trace_steps else None,
+            "traced_ops": self._tracer.count if self._tracer else 0,
         }
 
 

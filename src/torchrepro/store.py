@@ -28,6 +28,7 @@ VERSION = 1
 MANIFEST = "manifest.json"
 TRACE = "trace.jsonl"
 VALUES = "values"
+OPS = "ops.jsonl"
 
 
 class TraceWriter:

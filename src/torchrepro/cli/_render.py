@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..compare import LABELS, CheckResult
 
 
@@ -56,3 +58,62 @@ def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
         lines.append(f"Plot:  {plot}")
     lines.append("Runs:  " + ", ".join(result.runs))
     return "\n".join(lines)
+
+
+def _src(op: dict[str, Any] | None) -> str:
+    if not op:
+        return "(no op: the run ended here)"
+    where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
+    return f"{op['op']} [{op.get('phase')}, module {op.get('module') or '-'}] at {where}"
+
+
+def render_locate(doc: dict[str, Any]) -> str:
+    """Text for the --locate section of check."""
+    verdict = doc["verdict"]
+    lines = ["", f"Locate: {doc['title']}"]
+    if verdict in ("nothing-to-locate", "skipped"):
+        return "\n".join(lines)
+    traced = doc.get("traced_steps") or []
+    lines[-1] += (f" (traced step(s) {', '.join(map(str, traced)) or '-'} in two re-runs: "
+                  f"{doc['ops_traced'][0]} and {doc['ops_traced'][1]} ops)")
+    op, other = doc.get("op"), doc.get("op_other_run")
+    if verdict == "not-reproduced":
+        lines.append("  Every traced op had identical inputs and outputs in both re-runs.")
+    elif verdict == "control-flow":
+        lines.append(f"  run A: op #{doc['op_index']}: {_src(op)}")
+        if op and op.get("code"):
+            lines.append(f"         {op['code']}")
+        lines.append(f"  run B: op #{doc['op_index']}: {_src(other)}")
+        if other and other.get("code"):
+            lines.append(f"         {other['code']}")
+    elif op:
+        lines.append(f"  op      {op['op']}  ({op.get('phase')}, op #{doc['op_index']} of step {doc.get('step')})")
+        lines.append(f"  module  {op.get('module') or '-'}")
+        where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
+        label = "created at" if op.get("phase") == "backward" else "source"
+        lines.append(f"  {label:<7} {where}")
+        if op.get("code"):
+            lines.append(f"          {op['code']}")
+        same_in = "identical" if verdict in ("origin", "rng") else "DIFFERENT"
+        lines.append(f"  inputs {same_in} in both runs; outputs differ")
+        if doc.get("deterministic_kernel"):
+            lines.append(f"  deterministic kernel on {doc['device']}: {doc['deterministic_kernel']}")
+    lines.append(f"  Fix: {doc['fix']}")
+    if doc.get("op_table"):
+        lines.append(f"  Ops around it: {doc['op_table']}")
+    return "\n".join(lines)
+
+
+def render_op_table(rows: list[dict[str, Any]]) -> str:
+    """The ops around the origin as a fixed-width table."""
+    head = f"{'':2}{'#':>6}  {'op':<34} {'phase':<9} {'module':<24} {'line':>5}  in  out  code"
+    out = [head]
+    for r in rows:
+        mark = "=>" if r["origin"] else ""
+        op = r["op"] or "-"
+        if r.get("op_other_run") and r["op_other_run"] != r["op"]:
+            op = f"{op} | {r['op_other_run']}"
+        same_in, same_out = ("=" if r["inputs_equal"] else "≠"), ("=" if r["outputs_equal"] else "≠")
+        out.append(f"{mark:<2}{r['i']:>6}  {op:<34} {r.get('phase') or '-':<9} {(r.get('module') or '-')[:24]:<24} "
+                   f"{r.get('line') or '-':>5}  {same_in:^2}  {same_out:^3}  {(r.get('code') or '')[:60]}")
+    return "\n".join(out)

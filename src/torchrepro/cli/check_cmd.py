@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write_json
 from ..compare import CheckResult, compare_runs
 from ..errors import ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command
+from ..locate import VERDICTS, locate_ops
+from ..optrace import read_ops
 from ..report import plot_check
-from ..store import load_run
-from ._render import render
+from ..store import OPS, load_run
+from ._render import render, render_locate, render_op_table
 from .run_cmd import add_launch_options, positive_int
 
 STDERR_TAIL_LINES = 25
@@ -26,6 +30,11 @@ def add_parser(sub: Any) -> None:
                              "[--out DIR] -- python train.py [ARGS]")
     p.add_argument("--runs", type=positive_int, default=2, help="how many runs to compare (default 2)")
     add_launch_options(p)
+    p.add_argument("--locate", action="store_true",
+                   help="on a divergence, re-run twice tracing every op of the first divergent step, and name the "
+                        "first nondeterministic operation, its module and source line")
+    p.add_argument("--locate-steps", type=positive_int, default=1, metavar="N",
+                   help="with --locate: trace N steps from the first divergent one (default 1)")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
     p.add_argument("--out", metavar="DIR", help="output directory (default torchrepro-runs/check-TIMESTAMP)")
     p.set_defaults(handler=run, accepts_command=True)
@@ -103,7 +112,9 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> 
     with _Progress(n) as progress:
         for i in range(1, n + 1):
             run_dir = out / f"run{i}"
-            run_dir.mkdir(parents=True, exist_ok=True)
+            if run_dir.exists():  # our own directory from an earlier check with the same --out
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True)
             update = progress.start(i)
             t0 = time.perf_counter()
             with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
@@ -116,17 +127,52 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> 
     return dirs
 
 
-def finish(result: CheckResult, out: Path, *, what: str, as_json: bool) -> int:
+def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
+           located: dict[str, Any] | None = None) -> int:
     """Plot, write check.json, print the summary or JSON; return the exit code (0 identical, 1 diverged)."""
     plot = plot_check(result, out / "check.png")
     doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
                               "exit_code": 0 if result.verdict == "identical" else 1}
-    (out / "check.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if located is not None:
+        doc["locate"] = located
+    atomic_write_json(out / "check.json", doc)
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
         print(render(result, what=what, plot=str(plot) if plot else None))
+        if located is not None:
+            print(render_locate(located))
     return doc["exit_code"]
+
+
+LOCATABLE = ("compute", "initial-weights")
+
+
+def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions, steps: int) -> dict[str, Any]:
+    """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams."""
+    if result.verdict == "identical":
+        return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
+    if result.cause not in LOCATABLE:
+        return {"verdict": "skipped", "title": f"not traced: the cause is {result.cause!r}, which --locate does "
+                "not need to trace (the summary above says what differs and what to do)"}
+    first = int(result.first_step or 0)
+    last = first + steps - 1
+    trace_opts = LaunchOptions(**{**opts.__dict__, "keep_values": False, "trace_steps": [first, last],
+                                  "trace_mode": result.step_mode,
+                                  "max_steps": last if result.step_mode == "optimizer" and last >= 1 else
+                                  (1 if result.step_mode == "optimizer" else opts.max_steps)})
+    print(f"torchrepro: --locate: tracing every operation of step {first}" +
+          (f"..{last}" if last > first else "") + " in two more runs", file=sys.stderr, flush=True)
+    dirs = execute_runs(command, out / "locate", 2, trace_opts)
+    ops = [list(read_ops(d / OPS)) if (d / OPS).exists() else [] for d in dirs]
+    device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
+    loc = locate_ops(ops[0], ops[1], device=device)
+    doc = loc.to_json()
+    table = out / "locate_ops.txt"
+    table.write_text(render_op_table(loc.context) + "\n")
+    doc["op_table"] = str(table)
+    atomic_write_json(out / "locate.json", doc)
+    return doc
 
 
 def default_out(prefix: str) -> Path:
@@ -140,4 +186,5 @@ def run(args: argparse.Namespace) -> int:
                          keep_values=True)
     dirs = execute_runs(command, out, args.runs, opts)
     result = compare_runs([load_run(d) for d in dirs])
-    return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json)
+    located = run_locate(command, out, result, opts, args.locate_steps) if args.locate else None
+    return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located)

@@ -1,0 +1,339 @@
+"""An operation tracer: every ATen op with fingerprints of its inputs and outputs, module path, phase and
+the user's source line (layer L2).
+
+Built on ``TorchDispatchMode`` (one record per ATen op, below autograd) plus a ``TorchFunctionMode`` that
+notes the user's source line of each torch call and of each autograd node it creates, so that backward ops
+point to the forward line that created them.
+
+Example:
+    >>> with torchrepro.trace_ops() as trace:              # doctest: +SKIP
+    ...     loss = model(x).sum(); loss.backward()
+    >>> trace.ops[0]["op"], trace.ops[0]["module"], trace.ops[0]["line"]  # doctest: +SKIP
+    ('aten.addmm', 'fc', 12)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._modules import discover_models
+from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many
+
+# Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
+RNG_OPS = frozenset({
+    "aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.randint", "aten.randint_like",
+    "aten.randperm", "aten.bernoulli", "aten.bernoulli_", "aten.normal", "aten.normal_", "aten.uniform_",
+    "aten.random_", "aten.exponential_", "aten.geometric_", "aten.log_normal_", "aten.cauchy_",
+    "aten.multinomial", "aten.native_dropout", "aten.poisson", "aten._standard_gamma", "aten.binomial",
+    "aten.rrelu_with_noise", "aten._fused_dropout",
+})
+# Ops whose outputs are uninitialized memory: their bytes mean nothing until something writes them.
+EMPTY_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                       "aten.new_empty_strided", "aten.empty_permuted", "aten.resize_"})
+UNINITIALIZED = "uninitialized"
+_SKIP_OPS = frozenset({"aten.detach", "aten.alias", "prim.device", "aten.sym_size", "aten.sym_stride",
+                       "aten.sym_numel", "aten.sym_storage_offset", "aten.is_same_size"})
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(__file__)
+
+
+def _user_frame() -> tuple[str, int, str] | None:
+    """(file, line, code) of the innermost stack frame outside torch and torchrepro."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR) or name.startswith("<frozen")
+                or "/contextlib.py" in name or "/runpy.py" in name):
+            return name, f.f_lineno, ""
+        f = f.f_back
+    return None
+
+
+def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
+    if path not in cache:
+        try:
+            cache[path] = Path(path).read_text(errors="replace").splitlines()
+        except OSError:
+            cache[path] = []
+    lines = cache[path]
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, Mapping):
+        for x in obj.values():
+            _tensors(x, out)
+    return out
+
+
+def _scalar_repr(value: Any) -> str:
+    """A stable text for a non-tensor op result (numbers exactly; other objects by type only)."""
+    if isinstance(value, float):
+        return value.hex()
+    if value is None or isinstance(value, (bool, int, complex, str)):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return repr([v.hex() if isinstance(v, float) else v for v in value])
+    return f"<{type(value).__name__}>"
+
+
+class _FpCache:
+    """Fingerprints of tensors, reused while the tensor object is alive and unmodified (same ``_version``)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+
+    def get(self, tensors: list[torch.Tensor], *, fresh: bool = False) -> list[str]:
+        """Fingerprints of ``tensors``; ``fresh=True`` ignores cached values (for op outputs: an in-place op's
+        version counter is bumped only after it returns, so a cached value could be stale)."""
+        out: list[str | None] = []
+        todo: list[int] = []
+        for i, t in enumerate(tensors):
+            try:
+                check_fingerprintable(t)
+            except UnfingerprintableError as exc:
+                out.append(f"unfingerprintable: {exc}")
+                continue
+            hit = None if fresh else self._cache.get(id(t))
+            if hit is not None and hit[0]() is t and hit[1] == t._version:
+                out.append(hit[2])
+            else:
+                out.append(None)
+                todo.append(i)
+        if todo:
+            try:
+                fps = fingerprint_many([tensors[i] for i in todo])
+            except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
+                fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
+            for i, fp in zip(todo, fps):
+                t = tensors[i]
+                out[i] = fp
+                try:
+                    self._cache[id(t)] = (weakref.ref(t), t._version, fp)
+                except TypeError:
+                    pass
+        return out  # type: ignore[return-value]
+
+    def mark_uninitialized(self, tensors: list[torch.Tensor]) -> list[str]:
+        """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them."""
+        for t in tensors:
+            try:
+                self._cache[id(t)] = (weakref.ref(t), t._version, UNINITIALIZED)
+            except TypeError:
+                pass
+        return [UNINITIALIZED] * len(tensors)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, tracer: OpTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func.overloadpacket)
+        if name in _SKIP_OPS or name.startswith("profiler."):
+            return func(*args, **kwargs)
+        tr = self.tracer
+        ins = _tensors(args, []) + _tensors(kwargs, [])
+        in_fps = tr.fps.get(ins)
+        out = func(*args, **kwargs)
+        outs = _tensors(out, [])
+        if name in EMPTY_OPS:
+            out_fps = tr.fps.mark_uninitialized(outs)
+        else:
+            out_fps = tr.fps.get(outs, fresh=True) if outs else [_scalar_repr(out)]
+        tr.record(name, in_fps, out_fps)
+        return out
+
+
+class _Function(TorchFunctionMode):
+    """Notes the user's source line of each torch call, and which line/module created each autograd node."""
+
+    def __init__(self, tracer: OpTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        tr = self.tracer
+        prev = tr.site
+        tr.site = _user_frame()
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            site, tr.site = tr.site, prev
+        if site is not None and torch.is_grad_enabled():
+            for t in _tensors(out, []):
+                node = t.grad_fn
+                if node is not None and id(node) not in tr.node_sites:
+                    tr.node_sites[id(node)] = (site, tr.module_path())
+                    tr.nodes.append(node)  # keep alive so ids stay unique while tracing
+        return out
+
+
+class OpTracer:
+    """Records every ATen op between :meth:`start` and :meth:`stop` (``ops`` list and/or a JSONL file)."""
+
+    def __init__(self, *, models: Mapping[str, nn.Module] | None = None, path: str | Path | None = None,
+                 keep: bool = True) -> None:
+        self.models = models
+        self.path = Path(path) if path else None
+        self.keep = keep
+        self.ops: list[dict[str, Any]] = []
+        self.count = 0
+        self.step: int | None = None  # set by the recorder: which training step the ops belong to
+        self.fps = _FpCache()
+        self.site: tuple[str, int, str] | None = None
+        self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
+        self.nodes: list[Any] = []
+        self._stack: list[str] = []
+        self._names: dict[int, str] = {}
+        self._phase_opt = 0
+        self._handles: list[Any] = []
+        self._modes: list[Any] = []
+        self._file: IO[str] | None = None
+        self._lines: dict[str, list[str]] = {}
+        self.active = False
+
+    # --- context ------------------------------------------------------------------------------------
+    def module_path(self) -> str:
+        return self._stack[-1] if self._stack else ""
+
+    def _phase(self) -> str:
+        if self._phase_opt:
+            return "optimizer"
+        return "backward" if torch._C._current_autograd_node() is not None else "forward"
+
+    def record(self, op: str, in_fps: list[str], out_fps: list[str]) -> None:
+        phase = self._phase()
+        module = self.module_path()
+        site = self.site
+        if phase == "backward":
+            node = torch._C._current_autograd_node()
+            found = self.node_sites.get(id(node)) if node is not None else None
+            if found is not None:
+                site, module = found
+            else:
+                site = None
+        entry = {"i": self.count, "step": self.step, "op": op, "phase": phase, "module": module,
+                 "file": site[0] if site else None, "line": site[1] if site else None,
+                 "code": _code_line(site[0], site[1], self._lines) if site else "",
+                 "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
+        self.count += 1
+        if self.keep:
+            self.ops.append(entry)
+        if self._file is not None:
+            self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+
+    def _refresh_names(self) -> None:
+        models = self.models if self.models is not None else discover_models()
+        for prefix, model in models.items():
+            for name, mod in model.named_modules():
+                full = ".".join(x for x in (prefix, name) if x)
+                self._names.setdefault(id(mod), full or type(mod).__name__)
+
+    # --- start / stop --------------------------------------------------------------------------------
+    def start(self) -> OpTracer:
+        if self.active:
+            return self
+        self._refresh_names()
+        if self.path is not None and self._file is None:
+            mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
+            self._file = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        tr = self
+
+        def pre(mod: nn.Module, args: Any) -> None:
+            name = tr._names.get(id(mod))
+            if name is None:  # a module created after tracing started: look the models up again, once
+                tr._refresh_names()
+                name = tr._names.setdefault(id(mod), type(mod).__name__)
+            tr._stack.append(name)
+
+        def post(mod: nn.Module, args: Any, out: Any) -> None:
+            if tr._stack:
+                tr._stack.pop()
+
+        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+            tr._phase_opt += 1
+
+        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+            tr._phase_opt = max(0, tr._phase_opt - 1)
+
+        mm = torch.nn.modules.module
+        self._handles = [mm.register_module_forward_pre_hook(pre), mm.register_module_forward_hook(post),
+                         register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+        self._modes = [_Function(self), _Dispatch(self)]
+        for m in self._modes:
+            m.__enter__()
+        self.active = True
+        return self
+
+    def stop(self) -> None:
+        if not self.active:
+            return
+        for m in reversed(self._modes):
+            m.__exit__(None, None, None)
+        for h in self._handles:
+            h.remove()
+        self._modes, self._handles = [], []
+        self._stack.clear()
+        self.node_sites.clear()
+        self.nodes.clear()
+        self.fps.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.active = False
+
+
+class trace_ops:  # noqa: N801 - reads as a function at call sites
+    """Trace every ATen op in a block: ``with torchrepro.trace_ops() as t: step()``; then ``t.ops``.
+
+    Each op record has ``i``, ``op`` (e.g. ``aten.index_put_``), ``phase`` (forward/backward/optimizer),
+    ``module`` (e.g. ``encoder.layers.2.attn``), ``file``/``line``/``code`` (for backward ops: the forward
+    line that created the autograd node), ``in``/``out`` fingerprints and ``rng`` (a random op).
+    Ops whose tensors cannot be fingerprinted (sparse, nested, meta) get ``"unfingerprintable: ..."``.
+    """
+
+    def __init__(self, model: nn.Module | Mapping[str, nn.Module] | None = None, *,
+                 path: str | Path | None = None) -> None:
+        models = None if model is None else ({"": model} if isinstance(model, nn.Module) else dict(model))
+        self.tracer = OpTracer(models=models, path=path)
+
+    def __enter__(self) -> OpTracer:
+        return self.tracer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracer.stop()
+
+
+def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Op records from an ``ops.jsonl`` file (a cut-off last line is ignored)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                return
