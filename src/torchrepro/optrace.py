@@ -152,10 +152,10 @@ class _Dispatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        name = str(func.overloadpacket)
-        if name in _SKIP_OPS or name.startswith("profiler."):
-            return func(*args, **kwargs)
         tr = self.tracer
+        name = str(func.overloadpacket)
+        if not tr.recording or name in _SKIP_OPS or name.startswith("profiler."):
+            return func(*args, **kwargs)
         ins = _tensors(args, []) + _tensors(kwargs, [])
         in_fps = tr.fps.get(ins)
         out = func(*args, **kwargs)
@@ -178,11 +178,15 @@ class _Function(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         tr = self.tracer
+        if not tr.recording:
+            return func(*args, **kwargs)
         prev = tr.site
         tr.site = _user_frame()
+        tr.depth += 1
         try:
             out = func(*args, **kwargs)
         finally:
+            tr.depth -= 1
             site, tr.site = tr.site, prev
         if site is not None and torch.is_grad_enabled():
             for t in _tensors(out, []):
@@ -215,7 +219,9 @@ class OpTracer:
         self._modes: list[Any] = []
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
-        self.active = False
+        self.active = False  # the modes are on the mode stacks
+        self.recording = False  # ops are being recorded
+        self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
 
     # --- context ------------------------------------------------------------------------------------
     def module_path(self) -> str:
@@ -256,7 +262,8 @@ class OpTracer:
 
     # --- start / stop --------------------------------------------------------------------------------
     def start(self) -> OpTracer:
-        if self.active:
+        if self.active:  # stopped softly earlier and still on the stacks: just record again
+            self.recording = True
             return self
         self._refresh_names()
         if self.path is not None and self._file is None:
@@ -287,11 +294,18 @@ class OpTracer:
         self._modes = [_Function(self), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
-        self.active = True
+        self.active = self.recording = True
         return self
 
     def stop(self) -> None:
-        if not self.active:
+        """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
+        the modes stay on the stacks, passing ops through, until :meth:`settle` is called from outside."""
+        self.recording = False
+        self.settle()
+
+    def settle(self) -> None:
+        """Take the modes off the stacks if recording has stopped and it is safe to do so now."""
+        if not self.active or self.recording or self.depth:
             return
         for m in reversed(self._modes):
             m.__exit__(None, None, None)

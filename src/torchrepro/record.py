@@ -257,6 +257,8 @@ class Recorder:
         return entries, {f"l:{i}": t for i, t in enumerate(self._pending_losses)}
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._tracer is not None:
+            self._tracer.settle()
         self.steps += 1
         if self.first_step_time is None:
             self.first_step_time = self._now()

@@ -1,0 +1,173 @@
+"""End to end: `torchrepro check --locate`, plus the op tracer and the op-stream comparison in-process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchrepro
+from torchrepro.locate import deterministic_kernel, locate_ops
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _line_of(path: Path, marker: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if marker in line)
+
+
+def locate(tmp_path: Path, script: Path, *flags: str) -> tuple[int, dict, str]:
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--json", "--out",
+                        str(tmp_path / "out"), *flags, "--", "python", str(script)],
+                       capture_output=True, text=True, timeout=600)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+def test_index_put_origin_with_module_phase_and_line(tmp_path):
+    script = EXAMPLES / "scatter_gnn.py"
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["verdict"] == "origin" and loc["step"] == 1
+    op = loc["op"]
+    assert op["op"] == "aten.index_put_" and op["phase"] == "forward" and op["module"] == "layers.0"
+    assert Path(op["file"]).resolve() == script.resolve()
+    assert op["line"] == _line_of(script, "index_put_((flat_index,)")
+    assert "index_put_" in op["code"]
+    assert loc["deterministic_kernel"].startswith("yes")
+    assert "--deterministic" in loc["fix"]
+    table = Path(loc["op_table"]).read_text()
+    assert "=>" in table and "aten.index_put_" in table
+    assert (tmp_path / "out" / "locate.json").is_file()
+
+
+def test_unseeded_generator_in_a_module_gives_rng_verdict(tmp_path):
+    script = SCRIPTS / "rng_module.py"
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    assert doc["cause"] == "compute" and doc["first_divergent_step"] == 1
+    loc = doc["locate"]
+    assert loc["verdict"] == "rng" and loc["title"] == "random-number state differs"
+    assert loc["op"]["op"] == "aten.randn" and loc["op"]["module"] == "1"
+    assert loc["op"]["line"] == _line_of(script, "NOISE-LINE")
+    assert "seed the generator" in loc["fix"]
+
+
+def test_branch_on_unseeded_draw_gives_control_flow_verdict(tmp_path):
+    script = SCRIPTS / "branchy.py"
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["verdict"] == "control-flow"
+    branch = _line_of(script, "BRANCH-LINE")
+    lines = {loc["op"] and loc["op"]["line"], loc["op_other_run"] and loc["op_other_run"]["line"]}
+    assert branch in lines  # one run is still in the loop at that line, the other has left it
+
+
+def test_unseeded_init_is_located_in_the_model_construction(tmp_path):
+    script = EXAMPLES / "unseeded_init.py"
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert doc["cause"] == "initial-weights" and loc["step"] == 0
+    assert loc["verdict"] == "rng" and loc["op"]["op"] == "aten.uniform_"
+    assert loc["op"]["line"] == _line_of(script, "model = nn.Sequential")
+
+
+def test_deterministic_script_has_nothing_to_locate(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--out", str(tmp_path / "o"),
+                        "--max-steps", "3", "--", "python", str(EXAMPLES / "cnn_train.py")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "IDENTICAL" in p.stdout and "Locate: the runs are identical: nothing to locate" in p.stdout
+    assert "--locate: tracing" not in p.stderr
+
+
+# --- the tracer in-process ----------------------------------------------------------------------------
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)  # FORWARD-LINE
+        return h.relu()
+
+
+def test_trace_ops_phases_modules_and_backward_source():
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchrepro.trace_ops(model) as trace:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    phases = {op["phase"] for op in trace.ops}
+    assert phases == {"forward", "backward", "optimizer"}
+    addmm = next(op for op in trace.ops if op["op"] == "aten.addmm")
+    assert addmm["module"] == "fc" and addmm["line"] == _line_of(Path(__file__), "FORWARD-LINE")
+    mm_back = [op for op in trace.ops if op["phase"] == "backward" and op["op"] == "aten.mm"]
+    assert mm_back and all(op["line"] == addmm["line"] and op["module"] == "fc" for op in mm_back)
+    assert all(len(op["out"]) >= 1 for op in trace.ops)
+    assert [op["i"] for op in trace.ops] == list(range(len(trace.ops)))
+
+
+def test_trace_ops_handles_inplace_views_tuples_scalars_dtypes_and_sparse():
+    with torchrepro.trace_ops() as trace:
+        a = torch.arange(6, dtype=torch.float32)
+        v = a.view(2, 3)
+        v.add_(1)  # in place through a view
+        values, idx = torch.max(v, dim=1)  # tuple output
+        s = v.sum().item()  # non-tensor output
+        torch.tensor([True, False]).logical_not()
+        (torch.randn(3, dtype=torch.complex64) * 2).abs()
+        torch.arange(4, dtype=torch.int16) + 1
+        sp = torch.eye(3).to_sparse()
+        (sp * 2).coalesce()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            torch.mm(torch.randn(2, 2), torch.randn(2, 2))
+    ops = {op["op"]: op for op in trace.ops}
+    add_ = ops["aten.add_"]
+    assert add_["in"][0] != add_["out"][0]  # in-place: the input was fingerprinted before the write
+    assert len(ops["aten.max"]["out"]) == 2
+    assert ops["aten._local_scalar_dense"]["out"] == [float(s).hex()]
+    assert any(fp.startswith("unfingerprintable") for op in trace.ops for fp in op["in"] + op["out"])
+    assert any(op["op"] == "aten.mm" for op in trace.ops)
+    assert values.dtype == torch.float32 and idx.dtype == torch.int64
+
+
+def test_tracer_is_removed_after_use():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with torchrepro.trace_ops():
+        torch.ones(2) + 1
+    assert _get_current_dispatch_mode() is None
+
+
+def _op(op, ins, outs, line=1, rng=False):
+    return {"op": op, "in": ins, "out": outs, "file": "f.py", "line": line, "step": 1, "rng": rng, "phase": "forward"}
+
+
+def test_locate_ops_verdicts():
+    same = [_op("aten.add", ["a"], ["b"]), _op("aten.mul", ["b"], ["c"])]
+    assert locate_ops(same, same).verdict == "not-reproduced"
+    origin = locate_ops(same + [_op("aten.index_put_", ["c"], ["x"])], same + [_op("aten.index_put_", ["c"], ["y"])])
+    assert origin.verdict == "origin" and origin.index == 2
+    rng = locate_ops([_op("aten.uniform_", ["junk1"], ["x"], rng=True)],
+                     [_op("aten.uniform_", ["junk2"], ["y"], rng=True)])
+    assert rng.verdict == "rng"
+    ext = locate_ops([_op("aten.add", ["p"], ["q"])], [_op("aten.add", ["r"], ["s"])])
+    assert ext.verdict == "external-input"
+    flow = locate_ops(same + [_op("aten.mul", ["c"], ["d"], line=9)], same + [_op("aten.sum", ["c"], ["d"], line=12)])
+    assert flow.verdict == "control-flow" and flow.op_a["line"] == 9 and flow.op_b["line"] == 12
+    shorter = locate_ops(same, same + [_op("aten.mul", ["c"], ["d"])])
+    assert shorter.verdict == "control-flow" and shorter.op_a is None
+    assert deterministic_kernel("aten.grid_sampler_2d_backward", "cuda").startswith("no")
+    assert deterministic_kernel("aten.foo", "cpu").startswith("unknown")
