@@ -182,8 +182,8 @@ def _np_consts() -> tuple:
     global _NP_CONSTS
     if _NP_CONSTS is None:
         u = np.uint64
-        _NP_CONSTS = (u(_M1 % (1 << 64)), u(_M2 % (1 << 64)), u(_GOLDEN % (1 << 64)),
-                      tuple(u(x) for x in _LANE_SALTS), u(30), u(27), u(31))
+        salts = np.array(_LANE_SALTS, dtype=np.uint64).reshape(2, 1)
+        _NP_CONSTS = (u(_M1 % (1 << 64)), u(_M2 % (1 << 64)), u(_GOLDEN % (1 << 64)), salts, u(30), u(27), u(31))
     return _NP_CONSTS
 
 
@@ -192,6 +192,12 @@ def _np_mix(x: Any) -> Any:
     x = (x ^ (x >> s30)) * m1
     x = (x ^ (x >> s27)) * m2
     return x ^ (x >> s31)
+
+
+def _np_lane_terms(u: Any, pos: Any) -> Any:
+    """Both keyed lanes at once: shape (2, len(u))."""
+    _, _, golden, salts, *_ = _np_consts()
+    return _np_mix((u + pos * golden)[None, :] + salts)  # uint64 array arithmetic wraps silently
 
 
 _NP_UNSUPPORTED = {torch.bfloat16: torch.int16, torch.complex32: torch.int32}
@@ -224,24 +230,22 @@ def _np_folded(t: torch.Tensor) -> Any:
 
 
 def _lane_sums_numpy(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    if len(tensors) == 1:  # the common case in the op tracer: no segment bookkeeping
+        u = _np_folded(tensors[0])
+        a, b = _np_lane_terms(u, np.arange(u.size, dtype=np.uint64)).sum(axis=1, dtype=np.uint64).tolist()
+        return [(a, b)]
     us = [_np_folded(t) for t in tensors]
     sizes = np.fromiter((u.size for u in us), dtype=np.int64, count=len(us))
-    u = np.concatenate(us) if len(us) > 1 else us[0]
+    u = np.concatenate(us)
     if u.size == 0:
         return [(0, 0)] * len(us)
     starts = np.cumsum(sizes) - sizes
     pos = np.arange(u.size, dtype=np.uint64) - np.repeat(starts.astype(np.uint64), sizes)
-    _, _, golden, salts, *_ = _np_consts()
-    with np.errstate(over="ignore"):
-        key = u + pos * golden
-        nonempty = sizes > 0
-        out = []
-        for salt in salts:
-            terms = _np_mix(key + salt)
-            sums = np.zeros(len(us), dtype=np.uint64)
-            sums[nonempty] = np.add.reduceat(terms, starts[nonempty], dtype=np.uint64)
-            out.append(sums.tolist())
-    return list(zip(out[0], out[1]))
+    terms = _np_lane_terms(u, pos)
+    nonempty = sizes > 0
+    sums = np.zeros((2, len(us)), dtype=np.uint64)
+    sums[:, nonempty] = np.add.reduceat(terms, starts[nonempty], axis=1, dtype=np.uint64)
+    return list(zip(*sums.tolist()))
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:

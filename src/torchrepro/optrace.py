@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -95,11 +95,31 @@ def _scalar_repr(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter, or -1 when it has none (inference tensors): never cached."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 class _FpCache:
-    """Fingerprints of tensors, reused while the tensor object is alive and unmodified (same ``_version``)."""
+    """Fingerprints of tensors, reused while the memory they view is alive and unmodified.
+
+    The key is what the bytes are (device, data pointer, dtype, shape, strides), not the Python object: autograd
+    hands the same saved tensor to backward ops through new Python wrappers. An entry is valid while the storage
+    is alive (a weak reference, so freed-and-reused memory never matches) and the version counter, which every
+    in-place op bumps, is unchanged. The recorder clears the cache at each step boundary, since writes through
+    ``.data`` do not bump the version counter.
+    """
 
     def __init__(self) -> None:
-        self._cache: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        self._cache: dict[tuple, tuple[Any, int, str]] = {}
+        self._pending: list[tuple[torch.Tensor, str]] = []
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        return (t.device, t.data_ptr(), t.dtype, t.shape, t.stride())
 
     def get(self, tensors: list[torch.Tensor], *, fresh: bool = False) -> list[str]:
         """Fingerprints of ``tensors``; ``fresh=True`` ignores cached values (for op outputs: an in-place op's
@@ -112,8 +132,8 @@ class _FpCache:
             except UnfingerprintableError as exc:
                 out.append(f"unfingerprintable: {exc}")
                 continue
-            hit = None if fresh else self._cache.get(id(t))
-            if hit is not None and hit[0]() is t and hit[1] == t._version:
+            hit = None if fresh else self._cache.get(self._key(t))
+            if hit is not None and hit[1] == _version(t) and not hit[0].expired():
                 out.append(hit[2])
             else:
                 out.append(None)
@@ -124,25 +144,40 @@ class _FpCache:
             except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
                 fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
             for i, fp in zip(todo, fps):
-                t = tensors[i]
                 out[i] = fp
-                try:
-                    self._cache[id(t)] = (weakref.ref(t), t._version, fp)
-                except TypeError:
-                    pass
+                if fresh:  # an op output: an in-place op's version bump happens after it returns
+                    self._pending.append((tensors[i], fp))
+                else:
+                    self._put(tensors[i], fp)
         return out  # type: ignore[return-value]
+
+    def commit(self) -> None:
+        """Cache the outputs of the previous op, now that any in-place version bump has happened."""
+        for t, fp in self._pending:
+            self._put(t, fp)
+        self._pending.clear()
+
+    def _put(self, t: torch.Tensor, fp: str) -> None:
+        version = _version(t)
+        if version < 0:
+            return
+        try:
+            self._cache[self._key(t)] = (StorageWeakRef(t.untyped_storage()), version, fp)
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass
 
     def mark_uninitialized(self, tensors: list[torch.Tensor]) -> list[str]:
         """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them."""
         for t in tensors:
-            try:
-                self._cache[id(t)] = (weakref.ref(t), t._version, UNINITIALIZED)
-            except TypeError:
-                pass
+            self._put(t, UNINITIALIZED)
         return [UNINITIALIZED] * len(tensors)
 
     def clear(self) -> None:
         self._cache.clear()
+        self._pending.clear()
+
+
+_OP_NAMES: dict[Any, str] = {}
 
 
 class _Dispatch(TorchDispatchMode):
@@ -153,9 +188,12 @@ class _Dispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         tr = self.tracer
-        name = str(func.overloadpacket)
+        name = _OP_NAMES.get(func)
+        if name is None:
+            name = _OP_NAMES[func] = str(func.overloadpacket)
         if not tr.recording or name in _SKIP_OPS or name.startswith("profiler."):
             return func(*args, **kwargs)
+        tr.fps.commit()
         ins = _tensors(args, []) + _tensors(kwargs, [])
         in_fps = tr.fps.get(ins)
         out = func(*args, **kwargs)
@@ -245,13 +283,13 @@ class OpTracer:
                 site = None
         entry = {"i": self.count, "step": self.step, "op": op, "phase": phase, "module": module,
                  "file": site[0] if site else None, "line": site[1] if site else None,
-                 "code": _code_line(site[0], site[1], self._lines) if site else "",
                  "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
         self.count += 1
-        if self.keep:
-            self.ops.append(entry)
-        if self._file is not None:
+        if self._file is not None:  # the file leaves out the line's text: add_code() fills it in when read
             self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        if self.keep:
+            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+            self.ops.append(entry)
 
     def _refresh_names(self) -> None:
         models = self.models if self.models is not None else discover_models()
@@ -344,10 +382,16 @@ class trace_ops:  # noqa: N801 - reads as a function at call sites
 
 
 def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Op records from an ``ops.jsonl`` file (a cut-off last line is ignored)."""
+    """Op records from an ``ops.jsonl`` file, with the source line's text as ``code``.
+
+    A cut-off last line (a killed run) is ignored.
+    """
+    lines: dict[str, list[str]] = {}
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for raw in f:
             try:
-                yield json.loads(line)
+                op = json.loads(raw)
             except json.JSONDecodeError:
                 return
+            op["code"] = _code_line(op["file"], op["line"], lines) if op.get("file") else ""
+            yield op

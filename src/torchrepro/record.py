@@ -214,6 +214,7 @@ class Recorder:
         if lo <= next_step <= hi:
             self._tracer.start()
             self._tracer.step = next_step
+            self._tracer.fps.clear()  # writes through .data between steps do not bump version counters
         elif self._tracer.active:
             self._tracer.stop()
 
