@@ -29,6 +29,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fingerprint.py
 	$(BIN)/python benchmarks/bench_record_overhead.py
+	$(BIN)/python benchmarks/bench_optrace.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out
