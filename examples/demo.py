@@ -1,24 +1,25 @@
-"""`make demo`: torchrepro check on the nondeterministic example, then again in deterministic mode."""
+"""`make demo`: torchrepro check --locate on the nondeterministic example, then again in deterministic mode."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = ["python", str(HERE / "scatter_gnn.py")]
+SCRIPT = ["python", os.path.relpath(HERE / "scatter_gnn.py")]
 
 
 def check(*flags: str) -> int:
-    cmd = [sys.executable, "-m", "torchrepro", "check", *flags, "--out", f"demo-out/check{''.join(flags)}",
-           "--", *SCRIPT]
-    print("\n$ torchrepro check " + " ".join(flags) + " -- python examples/scatter_gnn.py", flush=True)
+    out = "demo-out/check" + "".join(flags).replace("--", "-")
+    cmd = [sys.executable, "-m", "torchrepro", "check", *flags, "--out", out, "--", *SCRIPT]
+    print(f"\n$ torchrepro check {' '.join(flags)} -- {' '.join(SCRIPT)}", flush=True)
     return subprocess.call(cmd)
 
 
 def main() -> int:
-    first = check()
+    first = check("--locate")
     second = check("--deterministic")
     verdict = {0: "identical", 1: "diverged"}
     print(f"\nWithout deterministic mode: {verdict.get(first, f'error {first}')}; "
