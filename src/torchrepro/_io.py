@@ -6,18 +6,22 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory, fsync, and an atomic rename."""
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Call ``write(f)`` on a temporary file in ``path``'s directory, fsync it, then rename it onto ``path``.
+
+    A crash or ``kill -9`` at any point leaves the previous file at ``path`` intact.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -25,6 +29,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:

@@ -16,11 +16,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import pickle
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -28,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ._io import atomic_write
 from .errors import CheckpointError, ReproWarning
 from .rng import RNGState
 
@@ -50,21 +48,6 @@ def _state_of(name: str, obj: Any) -> dict[str, Any] | None:
         hint = " Wrap your data in torchrepro.ResumableLoader." if name == "data" else ""
         raise TypeError(f"{name}={type(obj).__name__} has no state_dict(); it cannot be checkpointed.{hint}")
     return fn()
-
-
-def _write_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def save_checkpoint(
@@ -99,7 +82,7 @@ def save_checkpoint(
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
-    _write_atomic(path, payload)
+    atomic_write(path, lambda f: torch.save(payload, f))
     return path
 
 
