@@ -136,21 +136,6 @@ def _finish(t: torch.Tensor, lanes: Sequence[int]) -> str:
     return h.hexdigest()
 
 
-def digest_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The two device-side lane sums of ``t`` (int64, shape (2,)), before the host-side header hash.
-
-    Use with :func:`finish_digest` to fingerprint many tensors with a single device-to-host copy.
-    """
-    u = _fold(_words(t))
-    pos = torch.arange(u.numel(), dtype=torch.int64, device=u.device)
-    return _lanes(u, pos).sum(1)
-
-
-def finish_digest(t: torch.Tensor, lanes: Sequence[int]) -> str:
-    """Combine the lane sums of :func:`digest_tensor` with ``t``'s dtype and shape into the hex digest."""
-    return _finish(t, lanes)
-
-
 def fingerprint(t: torch.Tensor) -> str:
     """A 32-hex-digit exact digest of ``t``'s bits, dtype and shape (see the module docs).
 

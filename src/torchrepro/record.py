@@ -132,6 +132,7 @@ class Recorder:
         self.trace_mode = trace_mode
         self._tracer = OpTracer(models=models, path=self.trace.dir / OPS, keep=False) if trace_steps else None
         self._models = dict(models) if models is not None else None
+        self._discovered: dict[str, nn.Module] | None = None
         self.max_steps = max_steps
         self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
         self.steps = 0
@@ -152,8 +153,9 @@ class Recorder:
         self.device: str | None = None
 
     # --- naming ----------------------------------------------------------------------------------------
-    def _refresh_names(self) -> None:
-        models = self._models if self._models is not None else discover_models()
+    def _refresh_names(self, models: Mapping[str, nn.Module] | None = None) -> None:
+        if models is None:
+            models = self._models if self._models is not None else discover_models()
         for prefix, model in models.items():
             for name, p in model.named_parameters(remove_duplicate=True):
                 self._names.setdefault(id(p), f"{prefix}.{name}" if prefix else name)
@@ -171,14 +173,15 @@ class Recorder:
         return out
 
     def _all_model_params(self) -> dict[str, torch.Tensor]:
-        models = self._models if self._models is not None else discover_models()
-        self._refresh_names()
-        out: dict[str, torch.Tensor] = {}
-        for model in models.values():
-            for p in model.parameters():
-                if p.requires_grad:
-                    out[self._names[id(p)]] = p
-        return out
+        models = self._models
+        if models is None:  # discover once (a gc scan): scripts without an optimizer call this per step
+            if self._discovered is None:
+                self._discovered = discover_models()
+            models = self._discovered
+        params = [p for model in models.values() for p in model.parameters() if p.requires_grad]
+        if any(id(p) not in self._names for p in params):
+            self._refresh_names(models)
+        return {self._names[id(p)]: p for p in params}
 
     # --- fingerprinting helpers -------------------------------------------------------------------------
     @staticmethod

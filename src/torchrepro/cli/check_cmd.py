@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -118,7 +119,7 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> 
             update = progress.start(i)
             t0 = time.perf_counter()
             with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
-                opts_i = LaunchOptions(**{**opts.__dict__, "record": str(run_dir)})
+                opts_i = dataclasses.replace(opts, record=str(run_dir))
                 result = launch(command, opts_i, stdout=so, stderr=se, on_poll=update)
             progress.done(i, result, time.perf_counter() - t0)
             if result.returncode != 0 or not (result.manifest or {}).get("steps"):
@@ -157,10 +158,10 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
                 "not need to trace (the summary above says what differs and what to do)"}
     first = int(result.first_step or 0)
     last = first + steps - 1
-    trace_opts = LaunchOptions(**{**opts.__dict__, "keep_values": False, "trace_steps": [first, last],
-                                  "trace_mode": result.step_mode,
-                                  "max_steps": last if result.step_mode == "optimizer" and last >= 1 else
-                                  (1 if result.step_mode == "optimizer" else opts.max_steps)})
+    # In optimizer mode the traced runs stop right after the traced steps (step 0 = construction: stop at 1).
+    stop_at = max(last, 1) if result.step_mode == "optimizer" else opts.max_steps
+    trace_opts = dataclasses.replace(opts, keep_values=False, trace_steps=[first, last],
+                                     trace_mode=result.step_mode, max_steps=stop_at)
     print(f"torchrepro: --locate: tracing every operation of step {first}" +
           (f"..{last}" if last > first else "") + " in two more runs", file=sys.stderr, flush=True)
     dirs = execute_runs(command, out / "locate", 2, trace_opts)
