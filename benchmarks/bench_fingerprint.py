@@ -27,7 +27,7 @@ def main() -> int:
     }
     if hasattr(torch, "hash_tensor"):
         variants["torch.hash_tensor"] = lambda: torch.hash_tensor(x)
-    times = interleaved(variants, rounds=15, inner=5)
+    times = interleaved(variants, rounds=31, inner=5)
     print(f"10M float32 on CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
     for name, t in times.items():
         print(f"  {name:<24} {t * 1e3:8.3f} ms   {x.numel() * 4 / t / 1e9:7.2f} GB/s")

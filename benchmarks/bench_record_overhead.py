@@ -61,7 +61,7 @@ def main() -> int:
         for _ in range(4):
             step()
 
-    times = interleaved({"plain": plain, **{k: with_recorder(r) for k, r in recorders.items()}}, rounds=15, inner=2)
+    times = interleaved({"plain": plain, **{k: with_recorder(r) for k, r in recorders.items()}}, rounds=25, inner=2)
     for r in recorders.values():
         r.finish()
     base = times["plain"] / 4
