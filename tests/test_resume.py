@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -122,6 +123,9 @@ def test_missing_components_and_bad_files(tmp_path):
         torchrepro.load_checkpoint(tmp_path / "nope.pt", model=model)
     with pytest.raises(CheckpointError, match="does not fit the objects passed"):
         torchrepro.load_checkpoint(path, model=nn.Linear(5, 2))
+    with pytest.raises(TypeError, match="extra=dict holds objects that cannot be loaded safely"):
+        torchrepro.save_checkpoint(tmp_path / "x.pt", model=model, step=1, extra={"cfg": argparse.Namespace(a=1)})
+    assert not (tmp_path / "x.pt").exists()
     with pytest.raises(TypeError, match="Wrap your data in torchrepro.ResumableLoader"):
         torchrepro.save_checkpoint(path, model=model, loader=torch.utils.data.DataLoader(range(3)), step=1)
 

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import warnings
@@ -50,6 +51,21 @@ def _state_of(name: str, obj: Any) -> dict[str, Any] | None:
     return fn()
 
 
+def _check_safe_extra(extra: Any) -> None:
+    """Refuse ``extra`` values that a ``weights_only`` load would reject, before anything is written."""
+    if extra is None:
+        return
+    buf = io.BytesIO()
+    torch.save(extra, buf)
+    buf.seek(0)
+    try:
+        torch.load(buf, weights_only=True)
+    except Exception as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if "Unsupported global" in ln] or [type(exc).__name__]
+        raise TypeError(f"extra={type(extra).__name__} holds objects that cannot be loaded safely ({lines[0][:160]}); "
+                        "keep extra to tensors, numbers, strings, lists and dicts.") from None
+
+
 def save_checkpoint(
     path: str | Path,
     *,
@@ -64,10 +80,11 @@ def save_checkpoint(
     """Save everything needed to continue training bit for bit; atomic (a crash leaves the old file intact).
 
     ``loader`` must have ``state_dict()`` (use :class:`torchrepro.ResumableLoader`). ``extra`` must hold only
-    tensors and plain Python values (it is checked by loading the file back with ``weights_only=True``).
+    tensors and plain Python values, so that the checkpoint loads with ``weights_only=True``.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
+    _check_safe_extra(extra)
     payload = {
         "format": FORMAT,
         "version": VERSION,
