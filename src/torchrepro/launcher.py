@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import torch
 
+from ._io import atomic_write_json
 from .errors import ReproError
 from .store import MANIFEST, OPS, TRACE, VALUES, read_trace_lines, write_manifest
 
@@ -256,8 +257,6 @@ def _child_main(argv: list[str]) -> int:
             summary = recorder.finish()
             summary["stopped_at_max_steps"] = stopped
             summary["environment"] = environment_summary()
-            from ._io import atomic_write_json
-
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()
     sys.stderr.flush()
