@@ -171,3 +171,27 @@ def test_locate_ops_verdicts():
     assert shorter.verdict == "control-flow" and shorter.op_a is None
     assert deterministic_kernel("aten.grid_sampler_2d_backward", "cuda").startswith("no")
     assert deterministic_kernel("aten.foo", "cpu").startswith("unknown")
+
+
+class _Augmenting(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        x = torch.full((3,), float(i))
+        for _ in range(300):  # enough ops that a worker would flush tens of KB into an inherited file
+            x = x.mul(1.0).add(0.0)
+        return x
+
+
+def test_dataloader_workers_do_not_write_into_the_trace(tmp_path):
+    path = tmp_path / "ops.jsonl"
+    loader = torch.utils.data.DataLoader(_Augmenting(), batch_size=4, num_workers=2)
+    with torchrepro.trace_ops(path=path) as trace:
+        batches = [b.sum() for b in loader]
+    from torchrepro.optrace import read_ops
+
+    ops = list(read_ops(path))
+    assert [op["i"] for op in ops] == list(range(len(ops))) == [op["i"] for op in trace.ops]
+    assert not any(op["op"] in ("aten.full", "aten.mul", "aten.add") for op in ops)  # worker ops stay out
+    assert sum(1 for op in ops if op["op"] == "aten.sum") == len(batches) == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -235,6 +236,27 @@ class _Function(TorchFunctionMode):
         return out
 
 
+_active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for tracer in list(_active_tracers):
+        if tracer._file is not None:
+            tracer._file.flush()  # nothing buffered may be copied into the child
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) inherits the modes: it must not record or write."""
+    for tracer in list(_active_tracers):
+        tracer.recording = False
+        tracer.keep = False
+        tracer._file = None  # the parent's file object: never written or flushed from here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
 class OpTracer:
     """Records every ATen op between :meth:`start` and :meth:`stop` (``ops`` list and/or a JSONL file)."""
 
@@ -333,6 +355,7 @@ class OpTracer:
         for m in self._modes:
             m.__enter__()
         self.active = self.recording = True
+        _active_tracers.add(self)
         return self
 
     def stop(self) -> None:
@@ -358,6 +381,7 @@ class OpTracer:
             self._file.close()
             self._file = None
         self.active = False
+        _active_tracers.discard(self)
 
 
 class trace_ops:  # noqa: N801 - reads as a function at call sites
