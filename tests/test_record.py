@@ -37,6 +37,15 @@ def test_run_preserves_argv_exit_code_output_and_fixes_hashseed(tmp_path):
     assert [e["kind"] for e in run.events] == ["init", "backward"] + ["step"] * 5 + ["final"]
 
 
+def test_run_json_prints_only_the_manifest(tmp_path):
+    p = torchrepro_cli("run", "--json", "--record", str(tmp_path / "r"), "--", "python",
+                       str(SCRIPTS / "exit_code.py"))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "ok" and doc["steps"] == 5 and doc["format"] == "torchrepro.run"
+    assert "argv: []" in p.stderr  # the script's own stdout was moved to stderr
+
+
 def test_hash_seed_is_fixed_in_child(tmp_path):
     code = "print(hash('torchrepro'))"
     script = tmp_path / "h.py"

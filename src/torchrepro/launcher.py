@@ -184,7 +184,7 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
             "duration_s": round(ended - started, 3),
             **summary,
         }
-        write_manifest(opts.record, manifest)
+        manifest = write_manifest(opts.record, manifest)
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
 
 

@@ -73,8 +73,11 @@ def read_trace_lines(run_dir: str | Path) -> tuple[list[dict[str, Any]], bool]:
     return events, truncated
 
 
-def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
-    atomic_write_json(Path(run_dir) / MANIFEST, {"format": FORMAT, "version": VERSION, **manifest})
+def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Write ``manifest.json`` (format and version first) atomically; return what was written."""
+    full = {"format": FORMAT, "version": VERSION, **manifest}
+    atomic_write_json(Path(run_dir) / MANIFEST, full)
+    return full
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from ..launcher import LaunchOptions, launch
@@ -41,6 +43,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
     p.add_argument("--keep-values", action="store_true",
                    help="also save parameter values per step (needed for max |Δ weight|)")
+    p.add_argument("--json", action="store_true",
+                   help="print the run's manifest as one JSON document on stdout (the script's stdout goes to stderr)")
     add_launch_options(p)
     p.set_defaults(handler=run, accepts_command=True)
 
@@ -48,5 +52,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
                          max_steps=args.max_steps, keep_values=args.keep_values)
-    result = launch(args.user_command, opts)
+    result = launch(args.user_command, opts, stdout=sys.stderr if args.json else None)
+    if args.json:
+        print(json.dumps(result.manifest if result.manifest is not None else
+                         {"command": args.user_command, "exit_code": result.returncode, "status": result.status},
+                         indent=2))
     return result.returncode if result.returncode >= 0 else 128 - result.returncode
