@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 import torchrepro
 from torchrepro.fingerprint import STRIDE, UnfingerprintableError, fingerprint, fingerprint_many
@@ -94,10 +95,109 @@ def test_many_matches_single():
 
 
 def test_unfingerprintable_tensors_raise():
-    with pytest.raises(UnfingerprintableError, match="layout torch.sparse_coo"):
-        fingerprint(torch.eye(3).to_sparse())
     with pytest.raises(UnfingerprintableError, match="meta tensor"):
         fingerprint(torch.empty(3, device="meta"))
+    with pytest.raises(UnfingerprintableError, match="meta tensor"):
+        fingerprint_many([torch.zeros(2), torch.empty(3, device="meta")])
+
+
+QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
+ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)} - QUANTIZED, key=str)
+
+
+def _random_bytes_as(dtype: torch.dtype, n: int = 300) -> torch.Tensor:
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    return (raw & 1 if dtype == torch.bool else raw).view(dtype)  # bool bytes other than 0 and 1 are invalid
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_torch_dtype_is_read_bit_exactly(dtype):
+    """float8/float4, bits, sub-byte and wide unsigned ints: NumPy lacks them, the bytes are read anyway."""
+    from torchrepro.fingerprint import _lane_sums_numpy, _lane_sums_torch
+
+    t = _random_bytes_as(dtype)
+    fp = fingerprint(t)
+    copy = t.view(torch.uint8).clone().view(dtype)  # some of these dtypes have no copy kernel
+    assert fp == fingerprint(copy) and len(fp) == 32
+    copy.view(torch.uint8)[7] ^= 1
+    assert fingerprint(copy) != fp
+    strided = t.view(10, -1)[:, 1:5]  # not contiguous: read through the integer view of the same width
+    assert fingerprint(strided) == fingerprint(strided.view(torch.uint8).contiguous().view(dtype))
+    mask = (1 << 64) - 1
+    assert _lane_sums_numpy([t]) == [(a & mask, b & mask) for a, b in _lane_sums_torch([t], torch.device("cpu"))]
+
+
+def test_strided_1d_views_are_read():
+    x = torch.arange(20, dtype=torch.float32)
+    assert fingerprint(x[::2]) == fingerprint(x[::2].clone())
+    assert fingerprint(x[::2]) != fingerprint(x[1::2])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_sparse_coo_is_its_coalesced_indices_and_values():
+    i = torch.tensor([[0, 2, 0], [1, 0, 1]])
+    v = torch.tensor([1.0, 2.0, 3.0])
+    t = torch.sparse_coo_tensor(i, v, (3, 3))  # uncoalesced: (0, 1) twice, as nn.Embedding(sparse=True) grads
+    fp = fingerprint(t)
+    assert fp == fingerprint(t.coalesce()) == fingerprint(t.clone())
+    assert fp != fingerprint(t.to_dense()) and fp != fingerprint(t.coalesce().to_sparse_csr())
+    w = v.clone()
+    w.view(torch.uint8)[1] ^= 1  # one bit of one value
+    assert fingerprint(torch.sparse_coo_tensor(i, w, (3, 3))) != fp
+    assert fingerprint(torch.sparse_coo_tensor(i.roll(1, 0), v, (3, 3))) != fp  # values at other indices
+    assert fingerprint(torch.sparse_coo_tensor(i, v, (3, 4))) != fp  # shape
+    assert fingerprint(torch.sparse_coo_tensor(i, v.double(), (3, 3))) != fp  # dtype
+    emb = nn.Embedding(10, 3, sparse=True)
+    emb(torch.tensor([1, 2, 1])).sum().backward()
+    assert fingerprint(emb.weight.grad) == fingerprint(emb.weight.grad.coalesce())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("to", ["to_sparse_csr", "to_sparse_csc", "bsr", "bsc"])
+def test_compressed_sparse_layouts(to):
+    d = torch.zeros(4, 4)
+    d[0, 1], d[2, 3], d[3, 0] = 1.5, -2.0, 4.0
+    convert = {"bsr": lambda x: x.to_sparse_bsr((2, 2)), "bsc": lambda x: x.to_sparse_bsc((2, 2))}.get(
+        to, lambda x: getattr(x, to)())
+    t = convert(d)
+    fp = fingerprint(t)
+    assert fp == fingerprint(convert(d.clone())) and fp != fingerprint(d)
+    e = d.clone()
+    e.view(torch.int32)[2, 3] ^= 1
+    assert fingerprint(convert(e)) != fp
+    assert fingerprint_many([t, d, t]) == [fp, fingerprint(d), fp]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", sorted(QUANTIZED, key=str), ids=str)
+def test_quantized_tensors(dtype):
+    x = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    q = torch.quantize_per_tensor(x, 0.1, 3, dtype)
+    fp = fingerprint(q)
+    assert fp == fingerprint(torch.quantize_per_tensor(x.clone(), 0.1, 3, dtype))
+    assert fp != fingerprint(torch.quantize_per_tensor(x, 0.2, 3, dtype))  # the scale is part of the value
+    assert fp != fingerprint(torch.quantize_per_tensor(x + 1, 0.1, 3, dtype))
+    if dtype in (torch.qint8, torch.quint8):
+        pc = torch.quantize_per_channel(x.view(4, 4), torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.zeros(4).long(),
+                                        0, dtype)
+        pc2 = torch.quantize_per_channel(x.view(4, 4), torch.tensor([0.1, 0.2, 0.3, 0.5]), torch.zeros(4).long(),
+                                         0, dtype)
+        assert fingerprint(pc) != fingerprint(pc2)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided], ids=str)
+def test_nested_tensors(layout):
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    nt = torch.nested.nested_tensor([a, b], layout=layout)
+    fp = fingerprint(nt)
+    assert fp == fingerprint(torch.nested.nested_tensor([a.clone(), b.clone()], layout=layout))
+    assert fp != fingerprint(torch.nested.nested_tensor([b, a], layout=layout))
+    c = b.clone()
+    c.view(torch.uint8)[0, 0] ^= 1
+    assert fp != fingerprint(torch.nested.nested_tensor([a, c], layout=layout))
 
 
 def test_public_api():

@@ -13,6 +13,14 @@ Algorithm (documented so that other tools can reproduce it):
    through the splitmix64 finaliser, a bijection; two lanes with different keys are summed mod 2**64.
 4. The two lane sums, the dtype, the shape and the byte count are hashed with BLAKE2b-128 on the host.
 
+Tensors that are not plain strided arrays are digested through the dense tensors that hold their bits:
+sparse COO tensors through their coalesced indices and values, CSR/CSC/BSR/BSC tensors through their
+compressed indices, plain indices and values, quantized tensors through their integer representation and
+quantization parameters, nested tensors through their components, MKL-DNN tensors through their dense copy.
+The digest of such a tensor is BLAKE2b-128 over a header (layout, dtype, shape, ...) and the fingerprints of
+those parts. Every dtype torch has (float8 and float4 variants, bool, complex, unsigned and sub-byte integers,
+bit types) is read as raw bytes. Only tensors without data (``meta``) cannot be fingerprinted.
+
 Guarantees: any change of a single bit changes the fingerprint; swapping two different values changes
 it, except for the documented blind spot: in tensors of at least ``2 * STRIDE`` words (1,008 bytes),
 swapping two 8-byte words whose word indices differ by a multiple of ``STRIDE`` (63 words, 504
@@ -50,11 +58,9 @@ _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _LANE_SALTS = (0x243F6A8885A308D3, 0x13198A2E03707344)
 _MASK = {s: (1 << (64 - s)) - 1 for s in (30, 27, 31)}
 
-_UNHASHABLE_LAYOUTS = {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
-
 
 class UnfingerprintableError(TypeError):
-    """A tensor whose bytes cannot be read (sparse, nested, meta, ...)."""
+    """A tensor whose bytes cannot be read (a meta tensor, or a tensor subclass without readable storage)."""
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -71,25 +77,84 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 def check_fingerprintable(t: torch.Tensor) -> None:
     """Raise :class:`UnfingerprintableError` when ``t``'s bytes cannot be read."""
-    if t.layout in _UNHASHABLE_LAYOUTS:
-        raise UnfingerprintableError(f"cannot fingerprint a tensor with layout {t.layout}")
     if t.device.type == "meta":
         raise UnfingerprintableError("cannot fingerprint a meta tensor (it has no data)")
-    if getattr(t, "is_nested", False):
-        raise UnfingerprintableError("cannot fingerprint a nested tensor")
+    if t.layout not in _PARTS and not getattr(t, "is_nested", False):
+        raise UnfingerprintableError(f"cannot fingerprint a tensor with layout {t.layout} (no known way to "
+                                     "read its bits); convert it with .to_dense() first")
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as a 1-D int64 tensor on its device, zero-padded to whole words."""
+def _sparse_coo_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
+    c = t if t.is_coalesced() else t.coalesce()  # the canonical form: sorted, duplicate indices summed
+    return f"{c.sparse_dim()}|{c.dense_dim()}", [c._indices(), c._values()]
+
+
+def _compressed_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return "rows", [t.crow_indices(), t.col_indices(), t.values()]
+    return "cols", [t.ccol_indices(), t.row_indices(), t.values()]
+
+
+_PARTS = {  # layout -> (header detail, the dense tensors that hold the bits); strided tensors are read directly
+    torch.strided: None,
+    torch.sparse_coo: _sparse_coo_parts,
+    torch.sparse_csr: _compressed_parts,
+    torch.sparse_csc: _compressed_parts,
+    torch.sparse_bsr: _compressed_parts,
+    torch.sparse_bsc: _compressed_parts,
+    torch._mkldnn: lambda t: ("", [t.to_dense()]),  # type: ignore[attr-defined]
+}
+
+
+def _quantized_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
+    scheme = t.qscheme()
+    if scheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        return f"{scheme}|{float(t.q_scale()).hex()}|{int(t.q_zero_point())}", [t.int_repr()]
+    return (f"{scheme}|axis{t.q_per_channel_axis()}",
+            [t.int_repr(), t.q_per_channel_scales(), t.q_per_channel_zero_points()])
+
+
+def _composite(t: torch.Tensor) -> tuple[str, list[torch.Tensor]] | None:
+    """For a tensor that is not a plain strided array: a header and the dense tensors holding its bits."""
     check_fingerprintable(t)
+    if getattr(t, "is_nested", False):
+        parts = list(t.detach().unbind())
+        return f"nested|{t.layout}|{t.dtype}|{len(parts)}", parts
+    if t.is_quantized:
+        detail, parts = _quantized_parts(t.detach())
+    else:
+        split = _PARTS[t.layout]
+        if split is None:
+            return None
+        detail, parts = split(t.detach())
+    return f"{t.layout}|{t.dtype}|{tuple(t.shape)}|{detail}", parts
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _flat_bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements, C order, as a contiguous 1-D tensor with the same bytes.
+
+    Elements are reinterpreted as integers of the same width first: float8, bits and sub-byte dtypes have
+    no copy kernels, and reinterpreting keeps every bit (a float copy could canonicalise NaN payloads)."""
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    flat = t.contiguous().reshape(-1)
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    if as_int is not None and t.dtype != as_int and not t.is_contiguous():
+        t = t.view(as_int)
+    return t.contiguous().reshape(-1)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a 1-D int64 tensor on its device, zero-padded to whole words."""
+    check_fingerprintable(t)
+    flat = _flat_bits(t)
     if flat.numel() == 0:
-        return torch.zeros(0, dtype=torch.int64, device=t.device)
+        return torch.zeros(0, dtype=torch.int64, device=flat.device)
     raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
     pad = (-raw.numel()) % _BYTES
     if pad:
@@ -139,7 +204,7 @@ def _finish(t: torch.Tensor, lanes: Sequence[int]) -> str:
 def fingerprint(t: torch.Tensor) -> str:
     """A 32-hex-digit exact digest of ``t``'s bits, dtype and shape (see the module docs).
 
-    Raises :class:`UnfingerprintableError` for sparse, nested and meta tensors.
+    Raises :class:`UnfingerprintableError` for meta tensors (they hold no data).
     """
     return fingerprint_many([t])[0]
 
@@ -185,17 +250,13 @@ def _np_lane_terms(u: Any, pos: Any) -> Any:
     return _np_mix((u + pos * golden)[None, :] + salts)  # uint64 array arithmetic wraps silently
 
 
-_NP_UNSUPPORTED = {torch.bfloat16: torch.int16, torch.complex32: torch.int32}
-
-
 def _np_words(t: torch.Tensor) -> Any:
-    """A CPU tensor's bytes as a NumPy uint64 array (zero-copy when contiguous and whole words)."""
-    flat = t.detach().reshape(-1)
-    if flat.is_conj() or flat.is_neg():
-        flat = flat.resolve_conj().resolve_neg()
-    if flat.dtype in _NP_UNSUPPORTED:
-        flat = flat.view(_NP_UNSUPPORTED[flat.dtype])
-    raw = flat.numpy().view(np.uint8)
+    """A CPU tensor's bytes as a NumPy uint64 array (zero-copy when contiguous and whole words).
+
+    The bytes are taken through a torch ``uint8`` view, so dtypes NumPy lacks (bfloat16, float8, bits, ...)
+    are read like any other."""
+    flat = _flat_bits(t)
+    raw = (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
     pad = (-raw.size) % _BYTES
     if pad:
         raw = np.concatenate([raw, np.zeros(pad, dtype=np.uint8)])
@@ -241,9 +302,32 @@ def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
     """
     if not tensors:
         return []
+    dense: list[torch.Tensor] = []
+    plan: list[tuple[str | None, int, int]] = []  # (header of a composite tensor or None, first part, parts)
+    for t in tensors:
+        comp = _composite(t)
+        if comp is None:
+            plan.append((None, len(dense), 1))
+            dense.append(t)
+        else:
+            plan.append((comp[0], len(dense), len(comp[1])))
+            dense.extend(comp[1])
+    fps = _dense_fingerprints(dense)
+    out: list[str] = []
+    for header, start, count in plan:
+        if header is None:
+            out.append(fps[start])
+            continue
+        h = hashlib.blake2b(header.encode(), digest_size=16)
+        for fp in fps[start:start + count]:
+            h.update(fp.encode())
+        out.append(h.hexdigest())
+    return out
+
+
+def _dense_fingerprints(tensors: Sequence[torch.Tensor]) -> list[str]:
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
-        check_fingerprintable(t)
         by_device.setdefault(t.device, []).append(i)
     lanes: list[tuple[int, int]] = [(0, 0)] * len(tensors)
     for device, idx in by_device.items():
