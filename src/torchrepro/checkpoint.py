@@ -6,6 +6,7 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain Python va
     {"format": "torchrepro.checkpoint", "version": 1, "step": int, "extra": ...,
      "model": state_dict, "optimizer": state_dict | None, "scheduler": state_dict | None,
      "scaler": state_dict | None, "data": loader.state_dict() | None,
+     "classes": {"optimizer": "module:QualName", ...},  # the class of each component saved (optional)
      "rng": RNGState.to_dict() as a JSON string, "env": {"torch": ..., "device_kind": ...}}
 
 Example:
@@ -21,13 +22,15 @@ import json
 import pickle
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ._io import atomic_write
-from .errors import CheckpointError, ReproWarning
+from .data import ResumableLoader
+from .errors import CheckpointError, MissingGeneratorError, ReproWarning, StateFileError
 from .rng import RNGState
 
 FORMAT = "torchrepro.checkpoint"
@@ -76,11 +79,13 @@ def save_checkpoint(
     loader: Any = None,
     step: int,
     extra: Any = None,
+    generators: Mapping[str, Any] | None = None,
 ) -> Path:
     """Save everything needed to continue training bit for bit; atomic (a crash leaves the old file intact).
 
     ``loader`` must have ``state_dict()`` (use :class:`torchrepro.ResumableLoader`). ``extra`` must hold only
-    tensors and plain Python values, so that the checkpoint loads with ``weights_only=True``.
+    tensors and plain Python values, so that the checkpoint loads with ``weights_only=True``. ``generators``
+    (by name) are saved with the registered ones; pass the same names to :func:`load_checkpoint`.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -95,7 +100,10 @@ def save_checkpoint(
         "scheduler": _state_of("scheduler", scheduler),
         "scaler": _state_of("scaler", scaler),
         "data": _state_of("data", loader),
-        "rng": json.dumps(RNGState.capture().to_dict()),
+        "classes": {name: _class_name(obj) for name, obj in
+                    (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("data", loader))
+                    if obj is not None},
+        "rng": json.dumps(RNGState.capture(generators).to_dict()),
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
@@ -106,6 +114,9 @@ def save_checkpoint(
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and validate a checkpoint file safely (``weights_only=True``) without applying it."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(path, "is a directory, not a checkpoint file.",
+                              "Pass the path of a file written by save_checkpoint().")
     if not path.is_file():
         raise CheckpointError(path, "does not exist.", "Check the path, or save one with save_checkpoint().")
     try:
@@ -129,6 +140,128 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _class_name(obj: Any) -> str:
+    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+
+
+def _model_problems(saved: Any, model: torch.nn.Module) -> list[str]:
+    """Every key, shape and dtype by which the saved model state differs from ``model``'s, in full."""
+    if not isinstance(saved, Mapping):
+        return [f"model: the saved state is a {type(saved).__name__}, expected a state_dict"]
+    mine = model.state_dict()
+    problems = []
+    missing = [k for k in mine if k not in saved]
+    unexpected = [k for k in saved if k not in mine]
+    if missing:
+        problems.append(f"model: {len(missing)} key(s) of the model missing from the checkpoint: {missing}")
+    if unexpected:
+        problems.append(f"model: {len(unexpected)} unexpected key(s) in the checkpoint: {unexpected}")
+    for key, mine_t in mine.items():
+        saved_t = saved.get(key)
+        if not isinstance(mine_t, torch.Tensor) or key not in saved:
+            continue
+        if not isinstance(saved_t, torch.Tensor):
+            problems.append(f"model: {key!r} is a {type(saved_t).__name__} in the checkpoint, a tensor in the model")
+        elif isinstance(mine_t, torch.nn.parameter.UninitializedTensorMixin):
+            continue  # a lazy module takes the saved shape
+        elif saved_t.shape != mine_t.shape:
+            problems.append(f"model: shape of {key!r} is {list(saved_t.shape)} in the checkpoint, "
+                            f"{list(mine_t.shape)} in the model")
+        elif saved_t.dtype != mine_t.dtype:
+            problems.append(f"model: dtype of {key!r} is {saved_t.dtype} in the checkpoint, {mine_t.dtype} in the "
+                            "model (loading would round the values)")
+    return problems
+
+
+_BOOKKEEPING = {"params", "param_names", "initial_lr"}  # param-group keys that are not the optimizer's settings
+
+
+def _optimizer_problems(saved: Any, saved_class: str | None, optimizer: Any) -> list[str]:
+    """Class, parameter groups and state keys by which the saved optimizer state differs from ``optimizer``."""
+    if saved_class and saved_class.split(":")[-1] != type(optimizer).__qualname__:
+        return [f"optimizer: the checkpoint holds the state of a {saved_class.replace(':', '.')} but a "
+                f"{_class_name(optimizer).replace(':', '.')} was passed (loading it would change its settings)"]
+    groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
+    if not isinstance(groups, list) or not isinstance(saved.get("state"), Mapping) or \
+            not all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in groups):
+        return ["optimizer: the saved state is not an optimizer state_dict (state and param_groups)"]
+    mine = optimizer.state_dict()["param_groups"]
+    problems = []
+    if len(groups) != len(mine):
+        problems.append(f"optimizer: {len(groups)} parameter group(s) in the checkpoint, {len(mine)} in the "
+                        "optimizer")
+    else:
+        saved_sizes, my_sizes = [len(g["params"]) for g in groups], [len(g["params"]) for g in mine]
+        if saved_sizes != my_sizes:
+            problems.append(f"optimizer: parameters per group are {saved_sizes} in the checkpoint, {my_sizes} in "
+                            "the optimizer")
+    if not saved_class:  # a checkpoint from before classes were saved: foreign settings betray another class
+        known = set().union(*(g.keys() for g in mine)) | _BOOKKEEPING
+        foreign = sorted({k for g in groups for k in g if k not in known})
+        if foreign:
+            problems.append(f"optimizer: the checkpoint's parameter groups have settings {foreign} that a "
+                            f"{type(optimizer).__name__} does not have; it was saved from another optimizer class")
+    ids = {p for g in groups for p in g["params"]}
+    strays = sorted((k for k in saved["state"] if k not in ids), key=str)
+    if strays:
+        problems.append(f"optimizer: the checkpoint has state for parameter ids {strays} that are in no group")
+    return problems
+
+
+def _component_problems(name: str, saved: Any, saved_class: str | None, obj: Any) -> list[str]:
+    if name == "optimizer":
+        return _optimizer_problems(saved, saved_class, obj)
+    if saved_class and saved_class.split(":")[-1] != type(obj).__qualname__:
+        return [f"{name}: the checkpoint holds the state of a {saved_class.replace(':', '.')} but a "
+                f"{_class_name(obj).replace(':', '.')} was passed"]
+    if name == "data" and isinstance(obj, ResumableLoader):
+        return [f"data: {p}" for p in obj.state_dict_problems(saved)]
+    if name == "scaler":
+        mine = obj.state_dict()
+        missing = [k for k in mine if not isinstance(saved, Mapping) or k not in saved]
+        if missing:
+            return [f"scaler: the saved state lacks {missing} (was it saved from a disabled GradScaler?)"]
+    return []
+
+
+def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState | None,
+                  generators: Mapping[str, Any] | None, path: Path) -> list[str]:
+    """Every way in which the checkpoint does not fit the objects passed (all checked, none restored)."""
+    classes = data.get("classes") if isinstance(data.get("classes"), Mapping) else {}
+    problems = _model_problems(data["model"], given["model"])
+    for name in ("optimizer", "scheduler", "scaler", "data"):
+        if given[name] is not None:
+            problems += _component_problems(name, data[name], classes.get(name), given[name])
+    if rng is not None:
+        try:
+            rng.check(generators, source=str(path))
+        except (StateFileError, MissingGeneratorError) as exc:
+            text = str(exc).removeprefix(f"{path}: ")
+            problems.append(f"RNG: {text}")
+    return problems
+
+
+def _apply(data: dict[str, Any], given: dict[str, Any], path: Path) -> None:
+    """Load each component; if one still fails, put back the components already loaded."""
+    done: list[tuple[Any, Any]] = []
+    name = ""
+    try:
+        for name in ("data", "scheduler", "scaler", "optimizer"):  # cheap to snapshot, so they go first
+            obj = given[name]
+            if obj is not None:
+                before = obj.state_dict()
+                obj.load_state_dict(data[name])
+                done.append((obj, before))
+        name = "model"  # last: its old values are not kept (that would double its memory)
+        given["model"].load_state_dict(data["model"])
+    except Exception as exc:
+        for obj, before in reversed(done):
+            obj.load_state_dict(before)
+        partly = " The model may be partly overwritten." if name == "model" else " Nothing was changed."
+        raise CheckpointError(path, f"could not be loaded into the {name} passed ({type(exc).__name__}: {exc}).",
+                              f"{partly.strip()} Build the objects exactly as in the run that saved it.") from exc
+
+
 def load_checkpoint(
     path: str | Path,
     *,
@@ -137,13 +270,18 @@ def load_checkpoint(
     scheduler: Any = None,
     scaler: Any = None,
     loader: Any = None,
+    generators: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Restore model, optimizer, scheduler, scaler, data position and every RNG; return ``{"step", "extra"}``.
 
-    Raises :class:`CheckpointError` when the file is corrupt, foreign, or lacks a component the caller
-    passed; everything is checked before anything is restored. Warns (:class:`ReproWarning`) when the torch
+    Everything is checked before anything is restored: model keys, shapes and dtypes, the optimizer's class
+    and parameter groups, the scheduler's and scaler's class, the loader's configuration and the RNG payload
+    (including named ``generators``, see :func:`torchrepro.register_generator`). When anything does not fit,
+    :class:`CheckpointError` names every mismatch and nothing is changed; it is also raised when the file is
+    corrupt, foreign, or lacks a component the caller passed. Warns (:class:`ReproWarning`) when the torch
     version or device kind differs from the saving run, since bitwise equality is then not expected.
     """
+    path = Path(path)
     data = read_checkpoint(path)
     given = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "data": loader}
     for name, obj in given.items():
@@ -154,24 +292,25 @@ def load_checkpoint(
     if not data.get("rng"):
         raise CheckpointError(path, "has no RNG state, so training cannot continue bit for bit.",
                               "Save checkpoints with torchrepro.save_checkpoint().")
+    rng, problems = None, []
     try:
         rng = RNGState.from_dict(json.loads(data["rng"]), source=str(path))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path, f"has a corrupt RNG state ({exc}).", "Use an earlier checkpoint.") from None
+    except (json.JSONDecodeError, TypeError) as exc:
+        problems.append(f"RNG: the saved RNG state is not valid JSON ({exc})")
+    except StateFileError as exc:
+        problems.append(f"RNG: {str(exc).removeprefix(f'{path}: ')}")
+    problems += _fit_problems(data, given, rng, generators, path)
+    if problems or rng is None:
+        listing = "".join(f"\n  - {p}" for p in problems)
+        raise CheckpointError(path, f"does not fit the objects passed; nothing was restored. {len(problems)} "
+                              f"problem(s):{listing}\nBuild the model, optimizer, scheduler, scaler and loader "
+                              "exactly as in the run that saved it, or do not pass the ones that differ.")
     env = data.get("env") or {}
     here = {"torch": str(torch.__version__), "device_kind": _device_kind()}
     changed = [f"{k} {env.get(k)} -> {v}" for k, v in here.items() if env.get(k) != v]
     if changed:
         warnings.warn(f"{path}: saved with a different environment ({'; '.join(changed)}); training resumes, "
                       "but bitwise equality with the original run is not expected.", ReproWarning, stacklevel=2)
-    try:
-        model.load_state_dict(data["model"])
-        for name in ("optimizer", "scheduler", "scaler", "data"):
-            if given[name] is not None:
-                given[name].load_state_dict(data[name])
-    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-        raise CheckpointError(path, f"does not fit the objects passed ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0][:300]}).",
-                              "Build the model/optimizer exactly as in the run that saved it.") from None
-    rng.restore(source=str(path))
+    _apply(data, given, path)
+    rng.restore(generators, source=str(path))
     return {"step": data["step"], "extra": data.get("extra")}

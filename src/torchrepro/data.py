@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ._compat import np
+from .errors import InvalidSeedError
 from .seeding import derive_seed, seed_from_env, validate_seed
 
 
@@ -125,6 +126,10 @@ class _KeyBatches(torch.utils.data.Sampler):
             yield [(self.epoch, pos, self.order[pos]) for pos in range(lo, hi)]
 
 
+_CONFIG_KEYS = ("dataset_len", "batch_size", "shuffle", "drop_last")  # must match the saving run
+_POSITION_KEYS = ("epoch", "batches_consumed", "seed")  # the position to continue from
+
+
 class ResumableLoader:
     """A DataLoader whose position can be saved and restored exactly, mid-epoch, with workers.
 
@@ -211,14 +216,36 @@ class ResumableLoader:
                 "dataset_len": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "drop_last": self.drop_last}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved position; the dataset and batching must match the saving run."""
+    def state_dict_problems(self, state: Any) -> list[str]:
+        """Every reason why ``state`` cannot be loaded into this loader; empty when it can."""
+        if not isinstance(state, Mapping):
+            return [f"loader state is a {type(state).__name__}, expected the dict of ResumableLoader.state_dict()"]
         mine = self.state_dict()
-        for key in ("dataset_len", "batch_size", "shuffle", "drop_last"):
-            if key in state and state[key] != mine[key]:
-                raise ValueError(f"loader state has {key}={state[key]!r} but this loader has {mine[key]!r}; "
-                                 "resuming would not give the same batches. Build the loader as in the saved run.")
-        self.seed = validate_seed(int(state["seed"]))
-        self.epoch = int(state["epoch"])
-        self.batches_consumed = int(state["batches_consumed"])
+        problems = [f"loader state has {key}={state[key]!r} but this loader has {mine[key]!r}"
+                    for key in _CONFIG_KEYS if key in state and state[key] != mine[key]]
+        missing = [key for key in _POSITION_KEYS if key not in state]
+        if missing:
+            problems.append(f"loader state lacks {', '.join(missing)}")
+        for key in ("epoch", "batches_consumed"):
+            value = state.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"loader state has {key}={value!r}, expected a non-negative integer")
+        try:
+            validate_seed(state.get("seed", 0), what="loader state seed")
+        except InvalidSeedError as exc:
+            problems.append(str(exc))
+        return problems
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; the dataset and batching must match the saving run.
+
+        Raises ``ValueError`` naming every mismatch, and changes nothing, when the state does not fit.
+        """
+        problems = self.state_dict_problems(state)
+        if problems:
+            raise ValueError(f"{'; '.join(problems)}; resuming would not give the same batches. Build the loader "
+                             "as in the saved run.")
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self.batches_consumed = state["batches_consumed"]
         self._it = None

@@ -23,7 +23,9 @@ Example:
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
+import copy
 import hashlib
 import json
 import random
@@ -70,8 +72,104 @@ def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(bytes(t.cpu().tolist())).decode()
 
 
-def _unb64(s: str) -> torch.Tensor:
-    return torch.tensor(list(base64.b64decode(s, validate=True)), dtype=torch.uint8)
+def _unb64(s: Any, field: str) -> torch.Tensor:
+    """Decode a base64 state; ValueError naming ``field`` when it is not non-empty base64 text."""
+    if not isinstance(s, str):
+        raise ValueError(f"field {field!r} is a {type(s).__name__}, expected base64 text")
+    try:
+        raw = base64.b64decode(s, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"field {field!r} is not valid base64 ({exc})") from None
+    if not raw:
+        raise ValueError(f"field {field!r} is empty, expected a generator state")
+    return torch.tensor(list(raw), dtype=torch.uint8)
+
+
+# --- validation: everything is checked before any state is set ------------------------------------------
+_WORD = 2**32  # MT19937 words are 32-bit
+_MT_WORDS = 624
+_NUMPY_FIELDS = ("name", "key", "pos", "has_gauss", "cached_gaussian")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_words(words: Any, field: str) -> list[int]:
+    """The 624 32-bit words of an MT19937 state; ValueError naming ``field`` and the first bad word."""
+    if not isinstance(words, (list, tuple)) or len(words) != _MT_WORDS:
+        got = f"{len(words)} words" if isinstance(words, (list, tuple)) else f"a {type(words).__name__}"
+        raise ValueError(f"field {field!r} has {got}, expected {_MT_WORDS}")
+    for i, w in enumerate(words):
+        if not _is_int(w) or not 0 <= w < _WORD:
+            raise ValueError(f"field {field!r} word {i} is {w!r}, expected an integer in [0, 2**32)")
+    return list(words)
+
+
+def _check_index(value: Any, field: str) -> int:
+    if not _is_int(value) or not 0 <= value <= _MT_WORDS:
+        raise ValueError(f"field {field!r} is {value!r}, expected an integer in [0, {_MT_WORDS}]")
+    return value
+
+
+def _python_state(value: Any) -> tuple[int, tuple[int, ...], float | None]:
+    """Python ``random``'s state ``(3, 625 ints, gauss_next)`` from its JSON form, fully checked."""
+    if not isinstance(value, (list, tuple)) or len(value) != 3:
+        raise ValueError(f"field 'python' is {type(value).__name__} {str(value)[:40]}, expected "
+                         "[3, [625 integers], gauss_next]")
+    version, internal, gauss = value
+    if version != 3 or not _is_int(version):
+        raise ValueError(f"field 'python' has version {version!r}, expected 3")
+    if not isinstance(internal, (list, tuple)) or len(internal) != _MT_WORDS + 1:
+        got = f"{len(internal)} words" if isinstance(internal, (list, tuple)) else f"a {type(internal).__name__}"
+        raise ValueError(f"field 'python' state has {got}, expected {_MT_WORDS + 1}")
+    words = _check_words(internal[:_MT_WORDS], "python")
+    pos = _check_index(internal[_MT_WORDS], "python position")
+    if gauss is not None and not _is_number(gauss):
+        raise ValueError(f"field 'python' gauss_next is {gauss!r}, expected null or a number")
+    return 3, (*words, pos), None if gauss is None else float(gauss)
+
+
+def _numpy_state(value: Any) -> dict[str, Any] | None:
+    """NumPy's global (legacy MT19937) state from its JSON form, fully checked; None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"field 'numpy' is a {type(value).__name__}, expected null or an object with "
+                         f"{', '.join(_NUMPY_FIELDS)}")
+    missing = [f for f in _NUMPY_FIELDS if f not in value]
+    if missing:
+        raise ValueError(f"field 'numpy' lacks {', '.join(missing)}")
+    if value["name"] != "MT19937":
+        raise ValueError(f"field 'numpy.name' is {value['name']!r}, expected 'MT19937' (the bit generator of "
+                         "NumPy's global RNG)")
+    key = _check_words(value["key"], "numpy.key")
+    pos = _check_index(value["pos"], "numpy.pos")
+    if value["has_gauss"] not in (0, 1) or not _is_int(value["has_gauss"]):
+        raise ValueError(f"field 'numpy.has_gauss' is {value['has_gauss']!r}, expected 0 or 1")
+    if not _is_number(value["cached_gaussian"]):
+        raise ValueError(f"field 'numpy.cached_gaussian' is {value['cached_gaussian']!r}, expected a number")
+    return {"name": "MT19937", "key": key, "pos": pos, "has_gauss": value["has_gauss"],
+            "cached_gaussian": float(value["cached_gaussian"])}
+
+
+def _check_size(state: Any, expected: int, field: str) -> None:
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != expected:
+        got = f"{state.numel()} bytes" if isinstance(state, torch.Tensor) else f"a {type(state).__name__}"
+        raise ValueError(f"field {field!r} has {got}, expected {expected} bytes")
+
+
+def _cuda_device_count() -> int:
+    """CUDA devices this process can use now: 0 without CUDA, or in a fork of a process that initialised it."""
+    if not torch.cuda.is_available():
+        return 0
+    if getattr(torch.cuda, "_is_in_bad_fork", lambda: False)():
+        return 0
+    return torch.cuda.device_count()
 
 
 def _jsonable(obj: Any) -> Any:
@@ -89,12 +187,30 @@ def _jsonable(obj: Any) -> Any:
 
 def _from_jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
-        if "__ndarray__" in obj:
+        if "__ndarray__" in obj and np is not None:
             return np.asarray(obj["data"], dtype=obj["__ndarray__"])
         return {k: _from_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_from_jsonable(v) for v in obj]
     return obj
+
+
+_RECREATE = "Re-create it with torchrepro.save_rng_state() (or the checkpoint with save_checkpoint())."
+
+
+def _generator_entry(name: Any, entry: Any) -> dict[str, Any]:
+    """One named generator's saved state from its JSON form, checked as far as possible without the generator."""
+    field_name = f"generators.{name}"
+    if not isinstance(entry, Mapping) or "kind" not in entry or "state" not in entry:
+        raise ValueError(f"field {field_name!r} is {str(entry)[:60]}, expected an object with kind and state")
+    if entry["kind"] == "torch":
+        return {"kind": "torch", "state": _unb64(entry["state"], f"{field_name}.state")}
+    if entry["kind"] == "numpy":
+        if not isinstance(entry["state"], Mapping):
+            raise ValueError(f"field '{field_name}.state' is a {type(entry['state']).__name__}, expected the "
+                             "object of a numpy bit_generator.state")
+        return {"kind": "numpy", "state": dict(entry["state"])}
+    raise ValueError(f"field '{field_name}.kind' is {entry['kind']!r}, expected 'torch' or 'numpy'")
 
 
 @dataclass
@@ -103,6 +219,11 @@ class RNGState:
 
     ``capture()`` takes it, ``restore()`` puts it back. ``to_dict()``/``from_dict()`` give the JSON-able
     form used by :func:`save_rng_state` and checkpoints.
+
+    When CUDA is available, ``capture()`` includes every CUDA device even if nothing has used CUDA yet: it then
+    initialises CUDA (a one-off start-up cost per process; the generators' states live on the host), because a
+    state taken before the first CUDA use must still put back the CUDA RNG that this first use advances. In a
+    process forked after its parent initialised CUDA (where CUDA cannot be used at all) CUDA is left out.
     """
 
     python: Any
@@ -124,40 +245,72 @@ class RNGState:
             key_name, key, pos, has_gauss, cached = np.random.get_state()
             np_state = {"name": key_name, "key": key.tolist(), "pos": int(pos),
                         "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-        cuda = []
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            cuda = [s.clone() for s in torch.cuda.get_rng_state_all()]
+        cuda = list(torch.cuda.get_rng_state_all()) if _cuda_device_count() else []  # initialises CUDA lazily
         return cls(python=random.getstate(), numpy=np_state, torch_cpu=torch.get_rng_state(),
                    cuda=cuda, generators=gens)
 
-    def _check_restorable(self, generators: Mapping[str, Generator], source: str) -> None:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    def check(self, generators: Mapping[str, Generator] | None = None, *, source: str = "RNGState") -> None:
+        """Raise exactly what :meth:`restore` would raise, without changing any state."""
+        self._validate({**_registry, **(generators or {})}, source)
+
+    def _validate(self, gens: Mapping[str, Generator], source: str) -> tuple[Any, dict[str, Any] | None]:
+        """Check every part against this process; return the Python and NumPy states ready to set."""
+        try:
+            python, numpy_state = _python_state(self.python), _numpy_state(self.numpy)
+            _check_size(self.torch_cpu, torch.get_rng_state().numel(), "torch_cpu")
+        except ValueError as exc:
+            raise StateFileError(source, f"is not a valid RNG state ({exc}).", _RECREATE) from None
+        if numpy_state is not None and np is None:
+            raise StateFileError(source, "contains a NumPy RNG state but NumPy is not installed.",
+                                 "Install numpy (pip install numpy) to restore it.")
+        have = _cuda_device_count()
         if len(self.cuda) > have:
             raise DeviceMismatchError(
                 source, f"was captured with {len(self.cuda)} CUDA device(s) but this process has {have}.",
                 "Restore it on a machine with as many GPUs, or limit the capture with CUDA_VISIBLE_DEVICES.",
             )
+        for i, s in enumerate(self.cuda):
+            try:
+                _check_size(s, torch.cuda.get_rng_state(i).numel(), f"cuda[{i}]")
+            except ValueError as exc:
+                raise StateFileError(source, f"is not a valid RNG state ({exc}).", _RECREATE) from None
         for name, entry in self.generators.items():
-            if name not in generators:
+            if name not in gens:
                 raise MissingGeneratorError(
                     f"{source}: the state includes generator {name!r}, which was neither passed nor "
                     f"registered; pass generators={{{name!r}: gen}} or call register_generator({name!r}, gen)."
                 )
-            kind = _kind_of(generators[name], name)
+            kind = _kind_of(gens[name], name)
             if kind != entry["kind"]:
                 raise StateFileError(source, f"generator {name!r} was saved as a {entry['kind']} generator "
                                      f"but a {kind} generator was given.")
+            self._check_generator_state(name, entry["state"], gens[name], source)
+        return python, numpy_state
+
+    @staticmethod
+    def _check_generator_state(name: str, state: Any, gen: Generator, source: str) -> None:
+        if isinstance(gen, torch.Generator):
+            try:
+                _check_size(state, gen.get_state().numel(), f"generators.{name}.state")
+            except ValueError as exc:
+                raise StateFileError(source, f"is not a valid RNG state ({exc}; the generator given is on "
+                                     f"{gen.device}).", _RECREATE) from None
+            return
+        scratch = copy.deepcopy(gen.bit_generator)  # try the state on a copy: the real one stays untouched
+        try:
+            scratch.state = _from_jsonable(state)
+        except Exception as exc:  # numpy raises TypeError, ValueError, KeyError or OverflowError here
+            raise StateFileError(source, f"is not a valid RNG state (field 'generators.{name}.state' does not fit "
+                                 f"the {type(scratch).__name__} bit generator given: {type(exc).__name__}: {exc}).",
+                                 _RECREATE) from None
 
     def restore(self, generators: Mapping[str, Generator] | None = None, *, source: str = "RNGState") -> None:
         """Put every captured state back. Checks everything first, so a failure restores nothing."""
         gens = {**_registry, **(generators or {})}
-        self._check_restorable(gens, source)
-        if self.numpy is not None and np is None:
-            raise StateFileError(source, "contains a NumPy RNG state but NumPy is not installed.",
-                                 "Install numpy (pip install numpy) to restore it.")
-        random.setstate(self.python)
-        if self.numpy is not None:
-            s = self.numpy
+        python, numpy_state = self._validate(gens, source)
+        random.setstate(python)
+        if numpy_state is not None:
+            s = numpy_state
             np.random.set_state((s["name"], np.asarray(s["key"], dtype=np.uint32), s["pos"],
                                  s["has_gauss"], s["cached_gaussian"]))
         torch.set_rng_state(self.torch_cpu)
@@ -183,29 +336,25 @@ class RNGState:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "RNG state") -> RNGState:
-        """Rebuild from :meth:`to_dict`; raises :class:`StateFileError` naming ``source`` on bad content."""
+        """Rebuild from :meth:`to_dict`; raises :class:`StateFileError` naming ``source`` and the bad field."""
         try:
-            version, internal, gauss = d["python"]
-            python = (int(version), tuple(int(x) for x in internal), gauss)
-            if len(python[1]) != 625:
-                raise ValueError(f"Python state has {len(python[1])} words, expected 625")
-            numpy_state = d["numpy"]
-            if numpy_state is not None and len(numpy_state["key"]) != 624:
-                raise ValueError("NumPy state key must have 624 words")
-            torch_cpu = _unb64(d["torch_cpu"])
-            if torch_cpu.numel() != torch.get_rng_state().numel():
-                raise ValueError(f"torch CPU state has {torch_cpu.numel()} bytes, expected "
-                                 f"{torch.get_rng_state().numel()}")
-            cuda = [_unb64(s) for s in d["cuda"]]
-            gens = {}
-            for name, e in d["generators"].items():
-                if e["kind"] not in ("torch", "numpy"):
-                    raise ValueError(f"generator {name!r} has unknown kind {e['kind']!r}")
-                state = _unb64(e["state"]) if e["kind"] == "torch" else e["state"]
-                gens[name] = {"kind": e["kind"], "state": state}
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateFileError(source, f"is not a valid RNG state ({type(exc).__name__}: {exc}).",
-                                 "Re-create it with torchrepro.save_rng_state().") from None
+            if not isinstance(d, Mapping):
+                raise ValueError(f"it is a {type(d).__name__}, expected an object")
+            missing = [k for k in ("python", "numpy", "torch_cpu", "cuda", "generators") if k not in d]
+            if missing:
+                raise ValueError(f"field(s) {', '.join(missing)} missing")
+            python, numpy_state = _python_state(d["python"]), _numpy_state(d["numpy"])
+            torch_cpu = _unb64(d["torch_cpu"], "torch_cpu")
+            _check_size(torch_cpu, torch.get_rng_state().numel(), "torch_cpu")
+            if not isinstance(d["cuda"], list):
+                raise ValueError(f"field 'cuda' is a {type(d['cuda']).__name__}, expected a list")
+            cuda = [_unb64(s, f"cuda[{i}]") for i, s in enumerate(d["cuda"])]
+            if not isinstance(d["generators"], Mapping):
+                raise ValueError(f"field 'generators' is a {type(d['generators']).__name__}, expected an object "
+                                 "mapping generator names to states")
+            gens = {name: _generator_entry(name, e) for name, e in d["generators"].items()}
+        except ValueError as exc:
+            raise StateFileError(source, f"is not a valid RNG state ({exc}).", _RECREATE) from None
         return cls(python=python, numpy=numpy_state, torch_cpu=torch_cpu, cuda=cuda, generators=gens)
 
 
@@ -229,6 +378,12 @@ def read_rng_state(path: str | Path) -> RNGState:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise StateFileError(path, "does not exist.", "Check the path, or create it with save_rng_state().") from None
+    except IsADirectoryError:
+        raise StateFileError(path, "is a directory, not an RNG state file.",
+                             "Pass the path of a file written by save_rng_state().") from None
+    except OSError as exc:
+        raise StateFileError(path, f"cannot be read ({exc.strerror or exc}).",
+                             "Check the file's permissions, or pass another file.") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
