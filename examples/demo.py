@@ -15,7 +15,9 @@ def check(*flags: str) -> int:
     out = "demo-out/check" + "".join(flags).replace("--", "-")
     cmd = [sys.executable, "-m", "torchrepro", "check", *flags, "--out", out, "--", *SCRIPT]
     print(f"\n$ torchrepro check {' '.join(flags)} -- {' '.join(SCRIPT)}", flush=True)
-    return subprocess.call(cmd)
+    # `python` in the command is looked up on PATH, as in an activated virtual environment.
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    return subprocess.call(cmd, env=env)
 
 
 def main() -> int:

@@ -14,6 +14,10 @@ from torchrepro.determinism import apply_config, current_config
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
+# `python` in the commands that tests pass to `torchrepro check -- python ...` is looked up on PATH: make it
+# this interpreter, as an activated virtual environment would.
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():

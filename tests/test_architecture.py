@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint"},
-    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules"},
+    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir"},
     3: {"compare", "resume", "locate", "_resume_child"},
     4: {"cli", "report", "__init__", "__main__"},
 }
@@ -26,7 +26,12 @@ def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.Import):  # import torchrepro.x / import torchrepro.x.y as z
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "torchrepro":
+                    found.add(parts[1] if len(parts) > 1 else "__init__")
+        elif isinstance(node, ast.ImportFrom):
             if node.level == 0 and node.module and node.module.startswith("torchrepro"):
                 parts = node.module.split(".")
                 found.add(parts[1] if len(parts) > 1 else "__init__")
@@ -54,3 +59,10 @@ def test_modules_import_only_their_layer_or_below():
             if dep in LAYER_OF and dep != me and LAYER_OF[dep] > LAYER_OF[me]:
                 problems.append(f"{path.relative_to(PKG)} (L{LAYER_OF[me]}) imports {dep} (L{LAYER_OF[dep]})")
     assert not problems, "\n".join(problems)
+
+
+def test_plain_import_statements_are_seen(tmp_path):
+    """`import torchrepro.x` must count as a dependency on x, like `from torchrepro.x import y`."""
+    src = tmp_path / "m.py"
+    src.write_text("import torchrepro.compare\nimport torchrepro.cli.check_cmd as c\nimport os\nimport torchrepro\n")
+    assert _imports(src) == {"compare", "cli", "__init__"}

@@ -81,8 +81,10 @@ def test_manual_update_script_is_checked_per_backward(tmp_path):
 )
 def test_failing_scripts_exit_2_never_identical(tmp_path, script, message):
     rc, doc, err = check(tmp_path, script=str(SCRIPTS / script))
-    assert rc == 2 and doc == {}
-    assert message in err
+    assert rc == 2 and message in err
+    # --json still writes one document, saying what failed and where the run's stderr is
+    assert doc["verdict"] == "error" and doc["exit_code"] == 2 and message in doc["error"]
+    assert doc["stderr"] == str(tmp_path / "out" / "run1" / "stderr.txt")
     if script == "fails.py":
         assert "user script exploded: bad config value" in err  # the stderr tail is shown
         assert "Fix the script" in err

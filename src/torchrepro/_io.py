@@ -20,6 +20,8 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp makes 0600; give the file the mode open() would (0666 & ~umask)
+            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -29,6 +31,20 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (``/proc/self/status`` on Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read it by setting it, then put it back at once
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

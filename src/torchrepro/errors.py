@@ -53,3 +53,30 @@ class CheckpointError(StateFileError):
 
 class ReproWarning(UserWarning):
     """A setting that undermines reproducibility but does not stop the run."""
+
+
+class OutputDirError(ReproError):
+    """An output directory that cannot be used: not ours to replace, a file, unwritable, or in use."""
+
+
+class Interrupted(ReproError):
+    """A command stopped by a signal (SIGINT, SIGTERM, SIGHUP); its child was stopped too.
+
+    The command line exits with ``128 + signum``.
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum = signum
+        super().__init__(message)
+
+
+class RunsNotComparableError(ReproError):
+    """Runs that cannot be compared step by step: different commands, or models with different parameters.
+
+    ``problems`` lists each difference as a sentence; the message says what to do.
+    """
+
+    def __init__(self, problems: list[str], action: str) -> None:
+        self.problems = list(problems)
+        super().__init__("the runs are not comparable:\n" + "\n".join(f"  - {p}" for p in self.problems)
+                         + f"\n{action}")

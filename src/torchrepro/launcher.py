@@ -7,13 +7,17 @@ and runs the user's script as ``__main__`` with its own ``sys.argv``. The parent
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
+import re
 import runpy
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -23,11 +27,17 @@ from typing import IO, Any
 import torch
 
 from ._io import atomic_write_json
-from .errors import ReproError
-from .store import MANIFEST, OPS, TRACE, VALUES, read_trace_lines, write_manifest
+from .errors import Interrupted, ReproError
+from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
+from .store import read_trace_lines, write_manifest
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
-_PY_FLAGS_IGNORED = {"-u", "-B", "-O", "-OO", "-s", "-E", "-I", "-q"}
+PARENT_ENV = "TORCHREPRO_PARENT_PID"
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?")
+_PY_FLAGS_PASSED = {"-u", "-B", "-O", "-OO", "-q", "-s"}
+_PY_FLAGS_REFUSED = {"-E": "ignores PYTHONHASHSEED and the other variables torchrepro sets",
+                     "-I": "ignores PYTHONHASHSEED and the other variables torchrepro sets"}
+_USAGE = "Pass `python train.py [ARGS]`, `python -m package.module [ARGS]`, `python -c CODE` or `train.py [ARGS]`."
 
 
 class CommandError(ReproError):
@@ -36,40 +46,88 @@ class CommandError(ReproError):
 
 @dataclass(frozen=True)
 class Target:
-    """What to run in the child: a script path or a module, and its argv."""
+    """What to run in the child: a script path, a module or code, its argv, and the interpreter to run it with."""
 
-    kind: str  # "path" or "module"
+    kind: str  # "path", "module" or "code"
     target: str
     argv: list[str]
+    interpreter: str = sys.executable
+    python_flags: tuple[str, ...] = ()
+
+    def child_command(self) -> list[str]:
+        """The child's command line: the user's interpreter running the torchrepro launcher."""
+        return [self.interpreter, *self.python_flags, "-m", "torchrepro.launcher", self.kind, self.target,
+                *self.argv[1:]]
+
+
+def is_interpreter(word: str) -> bool:
+    """``python``, ``python3``, ``/usr/bin/python3.11`` -- but not ``python_train.py``."""
+    return bool(_PYTHON_NAME.fullmatch(Path(word).name))
 
 
 def parse_python_command(command: list[str]) -> Target:
-    """Understand ``python train.py ARGS``, ``python -m pkg.mod ARGS`` or ``train.py ARGS``.
+    """Understand ``python train.py ARGS``, ``python -m pkg.mod ARGS``, ``python -c CODE`` or ``train.py ARGS``.
 
-    >>> parse_python_command(["python", "train.py", "--lr", "0.1"])
-    Target(kind='path', target='train.py', argv=['train.py', '--lr', '0.1'])
+    The interpreter named in the command is the one that runs the script (it must have torchrepro installed);
+    a script given without an interpreter runs with the current one.
+
+    >>> parse_python_command(["train.py", "--lr", "0.1"]).argv
+    ['train.py', '--lr', '0.1']
     """
     if not command:
         raise CommandError("no command given. Usage: torchrepro run [OPTIONS] -- python train.py [ARGS]")
     args = list(command)
-    if Path(args[0]).name.startswith("python"):
+    interpreter, flags = sys.executable, []
+    if is_interpreter(args[0]):
+        interpreter = resolve_interpreter(args[0])
         args = args[1:]
-        while args and args[0] in _PY_FLAGS_IGNORED:
-            args = args[1:]
-        if args and args[0] == "-m":
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c", "-"):
+            if args[0] in _PY_FLAGS_REFUSED:
+                raise CommandError(f"python option {args[0]} {_PY_FLAGS_REFUSED[args[0]]}; remove it.")
+            if args[0] not in _PY_FLAGS_PASSED:
+                raise CommandError(f"python option {args[0]!r} is not supported by torchrepro (supported: "
+                                   f"{' '.join(sorted(_PY_FLAGS_PASSED))}). {_USAGE}")
+            flags.append(args.pop(0))
+        if args[:1] in (["-m"], ["-c"]):
             if len(args) < 2:
-                raise CommandError("`python -m` needs a module name, e.g. `python -m mypkg.train`.")
-            return Target("module", args[1], [args[1], *args[2:]])
-        if args and args[0].startswith("-"):
-            raise CommandError(f"python option {args[0]!r} is not supported by torchrepro run; "
-                               "pass a script path or `-m module`.")
+                raise CommandError(f"`python {args[0]}` needs an argument, e.g. `python -m mypkg.train` or "
+                                   "`python -c 'import train; train.main()'`.")
+            kind = "module" if args[0] == "-m" else "code"
+            argv = [args[1] if kind == "module" else "-c", *args[2:]]
+            return Target(kind, args[1], argv, interpreter, tuple(flags))
     if not args or not args[0].endswith(".py"):
-        raise CommandError(
-            f"torchrepro records Python training scripts; got {' '.join(command)!r}. "
-            "Pass `python train.py [ARGS]`, `python -m package.module [ARGS]` or `train.py [ARGS]`.")
+        raise CommandError(f"torchrepro records Python training scripts; got {' '.join(command)!r}. {_USAGE}")
     if not Path(args[0]).is_file():
         raise CommandError(f"script {args[0]!r} does not exist (working directory {os.getcwd()}).")
-    return Target("path", args[0], args)
+    return Target("path", args[0], args, interpreter, tuple(flags))
+
+
+def resolve_interpreter(name: str) -> str:
+    """The path of the interpreter ``name`` (a path, or a name looked up on PATH); it must import torchrepro."""
+    path = name if os.sep in name or (os.altsep and os.altsep in name) else shutil.which(name)
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        where = "on PATH" if path is None else "(no such executable file)"
+        raise CommandError(f"the interpreter {name!r} in your command was not found {where}. Name an existing "
+                           f"Python, e.g. `-- {sys.executable} train.py`, or give only the script: `-- train.py`.")
+    path = os.path.abspath(path)
+    _check_importable(path)
+    return path
+
+
+@functools.cache
+def _check_importable(interpreter: str) -> None:
+    if interpreter == os.path.abspath(sys.executable):
+        return
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torchrepro') else 7)"
+    try:
+        rc = subprocess.run([interpreter, "-c", probe], capture_output=True, timeout=120).returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CommandError(f"cannot start the interpreter {interpreter!r} ({exc}).") from None
+    if rc != 0:
+        raise CommandError(
+            f"torchrepro is not installed for the interpreter in your command ({interpreter}), so it cannot record "
+            f"the script there. Install it into that environment (`{interpreter} -m pip install torchrepro`), "
+            f"or run the script with the Python that has torchrepro: `-- {sys.executable} train.py`.")
 
 
 @dataclass
@@ -93,32 +151,84 @@ class RunResult:
 
 
 def child_env(opts: LaunchOptions) -> dict[str, str]:
-    """The child's environment: PYTHONHASHSEED fixed, seed and cuBLAS config set before user code runs."""
+    """The child's environment: PYTHONHASHSEED fixed, seed and cuBLAS config set before user code runs.
+
+    PYTHONHASHSEED is always set (to the seed, or 0): a value the user exported (``random``, say) would make
+    set and dict-of-str order differ from run to run, so it is overridden, and :func:`launch` says so.
+    """
     env = dict(os.environ)
     env.update(opts.extra_env)
-    env.setdefault("PYTHONHASHSEED", str(opts.seed) if opts.seed is not None else "0")
+    env["PYTHONHASHSEED"] = hash_seed(opts)
     if opts.seed is not None:
         env["TORCHREPRO_SEED"] = str(opts.seed)
     if opts.deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env[CONFIG_ENV] = json.dumps(asdict(opts))
+    env[PARENT_ENV] = str(os.getpid())
     return env
 
 
-def prepare_run_dir(path: Path) -> None:
+def hash_seed(opts: LaunchOptions) -> str:
+    return str(opts.seed) if opts.seed is not None else "0"
+
+
+def hash_seed_note(opts: LaunchOptions) -> str | None:
+    """A note when the user's PYTHONHASHSEED differs from the one the child gets; None otherwise."""
+    theirs = {**os.environ, **opts.extra_env}.get("PYTHONHASHSEED")
+    if theirs is None or theirs == hash_seed(opts):
+        return None
+    return (f"torchrepro: PYTHONHASHSEED={theirs} in your environment was replaced by PYTHONHASHSEED="
+            f"{hash_seed(opts)} so that str hashing (set and dict order) is the same in every run.")
+
+
+def prepare_run_dir(path: Path, *, flag: str = "--record") -> None:
     """Create ``path``, or empty it of an earlier recording; refuse to touch a directory that is not a run."""
-    if path.exists() and not path.is_dir():
-        raise CommandError(f"--record {path}: exists and is not a directory.")
-    if path.is_dir() and any(path.iterdir()):
-        known = {MANIFEST, TRACE, OPS, VALUES, "child.json", "stdout.txt", "stderr.txt"}
-        names = {p.name for p in path.iterdir()} - {"stdout.txt", "stderr.txt"}
-        if names and (not names & {MANIFEST, TRACE} or names - known):
-            raise CommandError(f"--record {path}: the directory is not empty and is not a torchrepro run "
-                               f"directory (it holds {sorted(names)[:5]}). Choose a new or empty directory.")
-        for name in names:
-            target = path / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-    path.mkdir(parents=True, exist_ok=True)
+    check_run_dir(path, flag=flag)
+    make_dir(path, flag=flag)
+    clear_run_dir(path)
+
+
+# Signals that stop a command: forwarded to the child, which is then waited for (SIGINT arrives as
+# KeyboardInterrupt). SIGKILL follows if the child has not ended GRACE_S seconds after the signal.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
+GRACE_S = 10.0
+
+
+class _SignalForwarder:
+    """While active, SIGTERM/SIGHUP to this process are passed on to the child instead of ending us at once."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[Any] | None = None
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signum
+        self.forward(signum)
+
+    def forward(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    def __enter__(self) -> _SignalForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def wait_for_child(self) -> None:
+        """Wait for the child to end after a forwarded signal; SIGKILL it after GRACE_S seconds."""
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
@@ -126,28 +236,60 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     """Run ``command`` recorded into ``opts.record``; write the manifest; return the outcome.
 
     ``on_poll(steps_so_far)`` is called about five times a second while the script runs (progress display).
+    SIGINT, SIGTERM and SIGHUP are passed on to the script; once it has ended, the manifest of the partial run
+    is written and :class:`~torchrepro.errors.Interrupted` is raised.
     """
     target = parse_python_command(command)
-    if opts.record:
-        prepare_run_dir(Path(opts.record))
+    note = hash_seed_note(opts)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if not opts.record:
+        return _run_child(target, command, opts, stdout, stderr, on_poll)
+    record = Path(opts.record)
+    check_run_dir(record, flag="--record")
+    make_dir(record, flag="--record")
+    with lock_dir(record):
+        clear_run_dir(record)
+        return _run_child(target, command, opts, stdout, stderr, on_poll)
+
+
+def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: IO[Any] | None,
+               stderr: IO[Any] | None, on_poll: Any) -> RunResult:
     started = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "torchrepro.launcher", *target.argv], env=child_env(opts),
-                            stdout=stdout, stderr=stderr)
     counter = _StepCounter(Path(opts.record)) if opts.record else None
-    try:
-        while proc.poll() is None:
-            if on_poll is not None and counter is not None:
-                on_poll(counter())
+    with _SignalForwarder() as fwd:
+        try:
+            proc = subprocess.Popen(target.child_command(), env=child_env(opts), stdout=stdout, stderr=stderr)
+        except OSError as exc:
+            raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
+        fwd.proc = proc
+        try:
+            while proc.poll() is None and fwd.received is None:
+                if on_poll is not None and counter is not None:
+                    on_poll(counter())
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+        except KeyboardInterrupt:  # Ctrl-C reaches the child too; pass it on only if the child carries on
+            fwd.received = signal.SIGINT
             try:
-                proc.wait(timeout=0.2)
+                proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
-                continue
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        proc.wait()
-        raise
+                fwd.forward(signal.SIGINT)
+        if fwd.received is not None:
+            fwd.wait_for_child()
+    result = _finish_run(command, opts, proc.returncode, started, interrupted=fwd.received)
+    if fwd.received is not None:
+        name = signal.Signals(fwd.received).name
+        where = f"; the partial recording is in {opts.record}" if opts.record else ""
+        raise Interrupted(fwd.received, f"interrupted by {name}: stopped the script `{' '.join(command)}` "
+                                        f"(exit status {proc.returncode}){where}.")
+    return result
+
+
+def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float, *,
+                interrupted: int | None) -> RunResult:
+    """Read the child's summary, write the manifest (for recorded runs) and classify the outcome."""
     ended = time.time()
-    rc = proc.returncode
     manifest = None
     summary: dict[str, Any] = {}
     if opts.record:
@@ -155,12 +297,14 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
         if spath.exists():
             try:
                 summary = json.loads(spath.read_text())
-            except json.JSONDecodeError:
+            except (OSError, ValueError):
                 summary = {}
             spath.unlink()
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and summary.get("stopped_at_max_steps"):
         status = "stopped-at-max-steps"
+    if interrupted is not None:
+        status = "interrupted"
     if opts.record:
         events, truncated = read_trace_lines(opts.record)
         if not summary:  # the child died before summarising: derive what we can from the trace
@@ -176,9 +320,11 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
             "exit_code": rc,
             "signal": signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None,
             "status": status,
+            "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
             "seed": opts.seed,
             "deterministic": opts.deterministic,
             "max_steps": opts.max_steps,
+            "pythonhashseed": hash_seed(opts),
             "torch": torch.__version__,
             "started": started,
             "duration_s": round(ended - started, 3),
@@ -215,7 +361,38 @@ class _StepCounter:
 
 
 # --- the child side -----------------------------------------------------------------------------------
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: get SIGTERM when the torchrepro parent dies (even by SIGKILL), so the script never outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_code(code: str) -> None:
+    """Run ``python -c CODE`` as ``__main__``, as the interpreter would (cwd first on sys.path)."""
+    import types
+
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = __builtins__
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    sys.path.insert(0, "")
+    try:
+        exec(compile(code, "<string>", "exec"), module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
+
+
 def _child_main(argv: list[str]) -> int:
+    _die_with_parent(int(os.environ.pop(PARENT_ENV)) if os.environ.get(PARENT_ENV, "").isdigit() else None)
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     from . import determinism, seeding
     from .envinfo import environment_summary
@@ -230,14 +407,15 @@ def _child_main(argv: list[str]) -> int:
         recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode).install()
-    target = argv[0]
-    is_module = not target.endswith(".py") or not Path(target).is_file()
-    sys.argv = list(argv)
+    kind, target, args = argv[0], argv[1], argv[2:]
+    sys.argv = ["-c" if kind == "code" else target, *args]
     code = 0
     stopped = False
     try:
-        if is_module:
+        if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            _run_code(target)
         else:
             sys.path.insert(0, str(Path(target).resolve().parent))
             runpy.run_path(target, run_name="__main__")

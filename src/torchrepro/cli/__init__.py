@@ -6,20 +6,33 @@ Exit codes: 0 clean/identical, 1 divergence or findings, 2 usage or input error,
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .._version import __version__
-from ..errors import ReproError
+from ..errors import Interrupted, ReproError
 from . import check_cmd, diff_cmd, env_cmd, run_cmd
 
 # Subcommand modules, each with add_parser(subparsers) and run(args) -> int.
 COMMANDS = [run_cmd, check_cmd, diff_cmd, env_cmd]
 
 
+class UsageError(ReproError):
+    """A command line that argparse rejected (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are raised (so ``--json`` can report them as a JSON document)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="torchrepro",
         description="Make PyTorch training bitwise reproducible, prove it, and find where it is not.",
     )
@@ -30,40 +43,66 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """Whether ``--json`` was given to torchrepro (not to the user's script), for errors found before parsing."""
+    for word in argv[1:]:
+        if word == "--json":
+            return True
+        if word == "--" or not word.startswith("-"):
+            return False
+    return False
+
+
+def error_document(command: str | None, message: str, exit_code: int, **extra: object) -> dict[str, object]:
+    """The one JSON document ``--json`` prints when a command fails (``"verdict": "error"``)."""
+    return {"schema": f"torchrepro.{command or 'cli'}/1", "verdict": "error", "error": message,
+            "exit_code": exit_code, **extra}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code.
+
+    For ``run`` and ``check`` everything from the script on belongs to the script
+    (``torchrepro check python train.py --runs 3`` passes ``--runs 3`` to train.py); ``--`` may separate them.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
-    if "--" in argv:  # everything after the first `--` is the user's command, untouched
-        cut = argv.index("--")
-        argv, command = argv[:cut], argv[cut + 1:]
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
-    takes_command = getattr(args, "accepts_command", False)
-    if extra and not takes_command:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if takes_command:
-        args.user_command = extra + command
-        if not args.user_command:
-            print(f"torchrepro {args.command}: error: no command given; usage: torchrepro {args.command} "
-                  "[OPTIONS] -- python train.py [ARGS]", file=sys.stderr)
-            return 2
+    as_json = _wants_json(argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
     try:
+        args = parser.parse_args(argv)
+        command, as_json = args.command, bool(getattr(args, "json", False))
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        if getattr(args, "accepts_command", False):
+            user_command = list(args.user_command)
+            if user_command[:1] == ["--"]:
+                user_command = user_command[1:]
+            if not user_command:
+                raise UsageError(f"torchrepro {args.command}: error: no command given; usage: torchrepro "
+                                 f"{args.command} [OPTIONS] -- python train.py [ARGS]")
+            args.user_command = user_command
         return int(args.handler(args))
+    except UsageError as exc:
+        return _fail(command, as_json, "", str(exc), 2)
+    except Interrupted as exc:
+        return _fail(command, as_json, "torchrepro: ", str(exc), 128 + exc.signum)
     except ReproError as exc:
-        print(f"torchrepro: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(command, as_json, "torchrepro: error: ", str(exc), 2, stderr=getattr(exc, "stderr_path", None))
     except KeyboardInterrupt:
-        print("torchrepro: interrupted", file=sys.stderr)
-        return 130
-    except Exception:
+        return _fail(command, as_json, "torchrepro: ", "interrupted", 130)
+    except Exception as exc:
         traceback.print_exc()
-        print("torchrepro: internal error (a bug in torchrepro); please report it with the traceback above.",
-              file=sys.stderr)
-        return 3
+        return _fail(command, as_json, "torchrepro: ", f"internal error (a bug in torchrepro: {type(exc).__name__}: "
+                     f"{exc}); please report it with the traceback printed on stderr.", 3)
+
+
+def _fail(command: str | None, as_json: bool, prefix: str, message: str, exit_code: int, **extra: object) -> int:
+    print(prefix + message, file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps(error_document(command, message, exit_code, **extra), indent=2), flush=True)
+    return exit_code
 
 
 def console_main() -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -13,14 +12,15 @@ from typing import Any
 
 from .._io import atomic_write_json
 from ..compare import CheckResult, compare_runs
-from ..errors import ScriptError
+from ..errors import Interrupted, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command
 from ..locate import VERDICTS, locate_ops
 from ..optrace import read_ops
+from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
 from ..report import plot_check
 from ..store import OPS, load_run
 from ._render import render, render_locate, render_op_table
-from .run_cmd import add_launch_options, positive_int
+from .run_cmd import add_launch_options, positive_int, runs_arg
 
 STDERR_TAIL_LINES = 25
 
@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
                        usage="torchrepro check [--runs N] [--seed S] [--deterministic] [--max-steps K] [--json] "
                              "[--out DIR] -- python train.py [ARGS]")
-    p.add_argument("--runs", type=positive_int, default=2, help="how many runs to compare (default 2)")
+    p.add_argument("--runs", type=runs_arg, default=2, help="how many runs to compare (at least 2; default 2)")
     add_launch_options(p)
     p.add_argument("--locate", action="store_true",
                    help="on a divergence, re-run twice tracing every op of the first divergent step, and name the "
@@ -37,7 +37,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--locate-steps", type=positive_int, default=1, metavar="N",
                    help="with --locate: trace N steps from the first divergent one (default 1)")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
-    p.add_argument("--out", metavar="DIR", help="output directory (default torchrepro-runs/check-TIMESTAMP)")
+    p.add_argument("--out", metavar="DIR", help="output directory; only an earlier check's output in it may be "
+                   "replaced (default: a new torchrepro-runs/check-TIMESTAMP-PID)")
     p.set_defaults(handler=run, accepts_command=True)
 
 
@@ -102,25 +103,33 @@ def _failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptErro
             if result.returncode != 0 else
             "torchrepro check compares training steps: make sure the script calls loss.backward() "
             "(and optimizer.step()).")
-    return ScriptError(f"run {i} of {total} {what}; the runs cannot be compared. {hint}\n"
-                       f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{_tail(run_dir / 'stderr.txt')}")
+    error = ScriptError(f"run {i} of {total} {what}; the runs cannot be compared. {hint}\n"
+                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{_tail(run_dir / 'stderr.txt')}")
+    error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
+    return error
 
 
 def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> list[Path]:
-    """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run."""
+    """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run.
+
+    ``out`` must already be checked (:func:`~torchrepro.outdir.check_check_dir`) and locked by the caller.
+    """
     parse_python_command(command)  # validate before starting anything
     dirs = []
     with _Progress(n) as progress:
         for i in range(1, n + 1):
             run_dir = out / f"run{i}"
-            if run_dir.exists():  # our own directory from an earlier check with the same --out
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True)
+            check_run_dir(run_dir, flag="--out")
+            make_dir(run_dir, flag="--out", parents=True)
             update = progress.start(i)
             t0 = time.perf_counter()
             with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
                 opts_i = dataclasses.replace(opts, record=str(run_dir))
-                result = launch(command, opts_i, stdout=so, stderr=se, on_poll=update)
+                try:
+                    result = launch(command, opts_i, stdout=so, stderr=se, on_poll=update)
+                except Interrupted as exc:
+                    raise Interrupted(exc.signum, f"{exc} Run {i} of {n} was interrupted; the output so far "
+                                                  f"is in {out} (its stderr: {run_dir / 'stderr.txt'}).") from None
             progress.done(i, result, time.perf_counter() - t0)
             if result.returncode != 0 or not (result.manifest or {}).get("steps"):
                 raise _failure(i, n, result, run_dir)
@@ -176,16 +185,23 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     return doc
 
 
-def default_out(prefix: str) -> Path:
-    return Path("torchrepro-runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+def output_dir(given: str | None, prefix: str) -> Path:
+    """The command's output directory: ``--out`` checked (only torchrepro output may be replaced), or a new one."""
+    if given is None:
+        return unique_dir(Path("torchrepro-runs"), prefix)
+    out = Path(given)
+    check_check_dir(out, flag="--out")
+    return make_dir(out, flag="--out")
 
 
 def run(args: argparse.Namespace) -> int:
     command = args.user_command
-    out = Path(args.out) if args.out else default_out("check")
+    parse_python_command(command)  # a bad command is refused before any directory is made
+    out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
                          keep_values=True)
-    dirs = execute_runs(command, out, args.runs, opts)
-    result = compare_runs([load_run(d) for d in dirs])
-    located = run_locate(command, out, result, opts, args.locate_steps) if args.locate else None
-    return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located)
+    with lock_dir(out):
+        dirs = execute_runs(command, out, args.runs, opts)
+        result = compare_runs([load_run(d) for d in dirs])
+        located = run_locate(command, out, result, opts, args.locate_steps) if args.locate else None
+        return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from ..compare import compare_runs
+from ..outdir import lock_dir
 from ..store import load_run
-from .check_cmd import default_out, finish
+from .check_cmd import finish, output_dir
 
 
 def add_parser(sub: Any) -> None:
@@ -22,6 +22,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     runs = [load_run(args.run_a), load_run(args.run_b)]
-    out = Path(args.out) if args.out else default_out("diff")
-    out.mkdir(parents=True, exist_ok=True)
-    return finish(compare_runs(runs), out, what=f"{args.run_a} vs {args.run_b}", as_json=args.json)
+    result = compare_runs(runs)
+    out = output_dir(args.out, "diff")
+    with lock_dir(out):
+        return finish(result, out, what=f"{args.run_a} vs {args.run_b}", as_json=args.json)

@@ -29,11 +29,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def runs_arg(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"check compares runs, so it needs at least 2, got {text!r}. To compare one new run with a recorded "
+            "one, record it with `torchrepro run --record DIR -- ...` and use `torchrepro diff DIR_A DIR_B`.")
+    return value
+
+
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before the script starts")
     p.add_argument("--deterministic", action="store_true",
                    help="switch deterministic mode on (flags + CUBLAS_WORKSPACE_CONFIG) before the script starts")
     p.add_argument("--max-steps", type=positive_int, metavar="K", help="end the script cleanly after K steps")
+    p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
+                   help="the training command; everything from the script on belongs to the script")
 
 
 def add_parser(sub: Any) -> None:
