@@ -118,31 +118,50 @@ def unique_dir(parent: Path, prefix: str) -> Path:
 
 @contextlib.contextmanager
 def lock_dir(path: Path, *, what: str = "") -> Iterator[Path]:
-    """Hold an exclusive lock on directory ``path`` for the ``with`` block; raise if another command holds it."""
+    """Hold an exclusive lock on directory ``path`` for the ``with`` block; raise if another command holds it.
+
+    The lock file is removed when the block ends, so a finished command leaves only its output behind.
+    """
     lock = path / LOCK
+    fd = _acquire(path, lock)
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:
-        raise OutputDirError(f"{path}: cannot write into the directory ({exc.strerror or exc}). "
-                             "Pass a directory you can write to.") from None
-    try:
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): no protection, but nothing breaks
-            fcntl = None  # type: ignore[assignment]
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                raise OutputDirError(f"{path}: is in use by another torchrepro command ({_holder(lock)}). "
-                                     "Wait for it to finish, or pass another directory.") from None
         holder = {"pid": os.getpid(), "command": what or " ".join(["torchrepro", *sys.argv[1:]]),
                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(holder).encode())
         yield path
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # before closing: whoever opens the name next gets a new file (see _acquire)
         os.close(fd)  # releases the flock
+
+
+def _acquire(path: Path, lock: Path) -> int:
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no protection, but nothing breaks
+        fcntl = None  # type: ignore[assignment]
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise OutputDirError(f"{path}: cannot write into the directory ({exc.strerror or exc}). "
+                                 "Pass a directory you can write to.") from None
+        if fcntl is None:
+            return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise OutputDirError(f"{path}: is in use by another torchrepro command ({_holder(lock)}). "
+                                 "Wait for it to finish, or pass another directory.") from None
+        try:  # the holder may have removed the file between our open and flock: then lock the new one
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OutputDirError(f"{path}: could not take the lock {lock}.")
 
 
 def _holder(lock: Path) -> str:
