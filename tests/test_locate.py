@@ -195,3 +195,29 @@ def test_dataloader_workers_do_not_write_into_the_trace(tmp_path):
     assert [op["i"] for op in ops] == list(range(len(ops))) == [op["i"] for op in trace.ops]
     assert not any(op["op"] in ("aten.full", "aten.mul", "aten.add") for op in ops)  # worker ops stay out
     assert sum(1 for op in ops if op["op"] == "aten.sum") == len(batches) == 2
+
+
+def _write_ops(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(lines))
+    return path
+
+
+def test_read_ops_tolerates_only_a_cut_off_last_line(tmp_path):
+    from torchrepro.optrace import read_ops
+
+    good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
+    cut = _write_ops(tmp_path / "cut.jsonl", good + ['{"i": 3, "op": "aten.m'])  # killed mid-write
+    assert [op["i"] for op in read_ops(cut)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bad", ['{"i": 1, "op": "aten.m\n', "garbage\n", "[1, 2]\n", "\n"])
+def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
+    from torchrepro.errors import RunDirError
+    from torchrepro.optrace import read_ops
+
+    good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
+    path = _write_ops(tmp_path / "ops.jsonl", [good[0], bad, good[1], good[2]])
+    with pytest.raises(RunDirError) as exc:
+        list(read_ops(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: line 2 is not a valid op record") and "op trace is corrupt" in msg

@@ -9,12 +9,17 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from .errors import RunsNotComparableError
+from .fingerprint import UNREADABLE
 from .store import Run
 
 SCHEMA = "torchrepro.check/1"
@@ -93,6 +98,9 @@ class CheckResult:
     final_max_abs_delta_tensor: str | None = None
     max_ulp: int | None = None
     max_ulp_tensor: str | None = None
+    # NaN/Inf positions that differ between runs (kept apart from |Δ|, which covers finite values only):
+    # {"step" (None = final), "tensor", "runs" (indices, as in Difference.runs), "text" (runs numbered from 1)}
+    nonfinite: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -123,8 +131,113 @@ class CheckResult:
             "final_max_abs_delta_tensor": self.final_max_abs_delta_tensor,
             "max_ulp_distance": self.max_ulp,
             "max_ulp_tensor": self.max_ulp_tensor,
+            "nonfinite_differences": self.nonfinite,
             "notes": self.notes,
         }
+
+
+# --- can the runs be compared at all? ------------------------------------------------------------------
+_PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?|py(\.exe)?", re.IGNORECASE)
+_LIST_LIMIT = 5
+
+
+def _basename(word: str) -> str:
+    return re.split(r"[\\/]", word)[-1]
+
+
+def command_key(command: list[str]) -> list[str]:
+    """A command as compared between runs: the interpreter is ``python`` whatever its path, and the script is its
+    file name, so that the same command on two machines (other Python installs, other folders) compares equal.
+
+    >>> command_key(["/usr/bin/python3.11", "/home/a/train.py", "--lr", "0.1"])
+    ['python', 'train.py', '--lr', '0.1']
+    """
+    words = [str(w) for w in command]
+    if words and _PYTHON_NAME.fullmatch(_basename(words[0])):
+        words[0] = "python"
+    else:
+        words.insert(0, "python")
+    for i in range(1, len(words)):
+        if words[i] in ("-m", "-c"):
+            break
+        if not words[i].startswith("-"):
+            words[i] = _basename(words[i])
+            break
+    return words
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:_LIST_LIMIT]) + (f" (+{len(names) - _LIST_LIMIT} more)" if len(names) > _LIST_LIMIT else "")
+
+
+def _command_changes(a: list[str], b: list[str], i: int) -> str:
+    """What differs between two commands' words, e.g. ``'0.1' in run 1 vs '0.2' in run 2``."""
+    parts = []
+    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        x, y = " ".join(a[a1:a2]), " ".join(b[b1:b2])
+        if tag == "replace":
+            parts.append(f"{x!r} in run 1 vs {y!r} in run {i}")
+        elif tag == "delete":
+            parts.append(f"{x!r} only in run 1")
+        elif tag == "insert":
+            parts.append(f"{y!r} only in run {i}")
+    return "; ".join(parts)
+
+
+def _param_names(run: Run) -> list[str] | None:
+    """Parameter names from the first event that lists them (init, else the first step, else final)."""
+    for event in run.of_kind("init")[:1] + run.steps()[:1] + run.of_kind("final")[:1]:
+        if isinstance(event.get("params"), dict):
+            return list(event["params"])
+    return None
+
+
+def _param_specs(run: Run) -> dict[str, str] | None:
+    """``{name: "[3, 4] float32"}`` from saved values (memory-mapped, not read), or None without values."""
+    for name in ("init", "final"):
+        values = run.values(name, mmap=True)
+        if values is not None:
+            return {k: f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for k, t in values.items()}
+    return None
+
+
+def check_comparable(runs: list[Run]) -> None:
+    """Raise :class:`RunsNotComparableError` when runs ran different commands or built different models.
+
+    Parameter names come from the trace; shapes and dtypes from saved values (when both runs have them).
+    """
+    problems: list[str] = []
+    same_command = True
+    base = runs[0]
+    for i, other in enumerate(runs[1:], start=2):
+        ca, cb = base.manifest.get("command"), other.manifest.get("command")
+        if isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
+            same_command = False
+            problems.append(f"they ran different commands: run 1 ran `{' '.join(map(str, ca))}`, run {i} ran "
+                            f"`{' '.join(map(str, cb))}` ({_command_changes(command_key(ca), command_key(cb), i)})")
+        na, nb = _param_names(base), _param_names(other)
+        if na is not None and nb is not None:
+            only_a, only_b = [n for n in na if n not in set(nb)], [n for n in nb if n not in set(na)]
+            if only_a:
+                problems.append(f"run 1's model has {len(only_a)} parameter(s) that run {i}'s lacks: {_some(only_a)}")
+            if only_b:
+                problems.append(f"run {i}'s model has {len(only_b)} parameter(s) that run 1's lacks: {_some(only_b)}")
+        sa, sb = _param_specs(base), _param_specs(other)
+        if sa is not None and sb is not None:
+            changed = [f"{n}: {sa[n]} in run 1, {sb[n]} in run {i}" for n in sa if n in sb and sa[n] != sb[n]]
+            if changed:
+                problems.append(f"{len(changed)} parameter(s) differ in shape or dtype: {_some(changed)}")
+    if not problems:
+        return
+    paths = "Runs: " + ", ".join(f"{k} = {r.path}" for k, r in enumerate(runs, start=1)) + "."
+    if same_command:
+        action = ("The same command built models with different parameters: the model's structure depends on "
+                  "something that changes between runs (unseeded randomness, the environment, files it reads). "
+                  "Make it depend only on the command and seeded random numbers, then compare again.")
+    else:
+        action = ("torchrepro compares runs of the same command (e.g. the same training on two machines); record "
+                  "both runs with one command and model, then compare again.")
+    raise RunsNotComparableError(problems, f"{action} {paths}")
 
 
 def _diff_maps(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
@@ -172,8 +285,8 @@ def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
             if names:
                 found["params"] = Difference("params", max(n, 1), names, (ia, ib))
     if len(sa) != len(sb):
-        found["steps"] = Difference("steps", n + 1, [f"run {ia}: {len(sa)} steps", f"run {ib}: {len(sb)} steps"],
-                                    (ia, ib))
+        counts = [f"run {ia + 1}: {len(sa)} steps", f"run {ib + 1}: {len(sb)} steps"]
+        found["steps"] = Difference("steps", n + 1, counts, (ia, ib))
     return sorted(found.values(), key=lambda d: (d.step, KINDS.index(d.kind)))
 
 
@@ -183,62 +296,187 @@ def _loss_value(step: dict[str, Any], mode: str) -> float | None:
     return float.fromhex(values[-1]) if values else None
 
 
+def _same_float(x: float, y: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+def _loss_deltas(result: CheckResult) -> None:
+    """Per-step max |Δ loss| over runs (None when a loss is missing, or NaN/Inf in one run only; the first
+    such step is reported in ``result.nonfinite``)."""
+    seen = False
+    for k in range(min(len(x) for x in result.losses)):
+        vals = [x[k] for x in result.losses]
+        if any(v is None for v in vals):
+            result.loss_delta.append(None)
+            continue
+        base, worst = vals[0], 0.0
+        for i, v in enumerate(vals[1:], start=2):
+            if _same_float(base, v):  # type: ignore[arg-type]
+                continue
+            if math.isfinite(base) and math.isfinite(v):  # type: ignore[arg-type]
+                worst = max(worst, abs(v - base))  # type: ignore[operator]
+                continue
+            worst = math.nan
+            if not seen:
+                result.nonfinite.append({"step": k + 1, "tensor": "loss", "runs": [0, i - 1], "text":
+                                         f"loss at step {k + 1}: {base!r} in run 1, {v!r} in run {i}"})
+        seen = seen or math.isnan(worst)
+        result.loss_delta.append(None if math.isnan(worst) else worst)
+
+
 _INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
              torch.bfloat16: torch.int16}
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with the same bits are equal; -0.0 and 0.0 are not)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    ra, rb = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    if ra.dtype != torch.bool:
+        ra, rb = ra.view(torch.uint8), rb.view(torch.uint8)
+    return bool(torch.equal(ra, rb))
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """Float bits mapped onto a monotonic integer line (as float64, exact up to 2**53)."""
+    ix = x.contiguous().view(_INT_VIEW[x.dtype]).long()
+    top = (1 << (torch.iinfo(_INT_VIEW[x.dtype]).bits - 1)) - 1
+    return torch.where(ix < 0, -(ix & top), ix).double()
+
+
+@dataclass
+class TensorDelta:
+    """How two same-shape tensors differ. |Δ| and ULPs cover positions finite in both; NaN/Inf are counted apart."""
+
+    equal: bool  # bitwise
+    max_abs: float = 0.0
+    max_ulp: int = 0
+    nan_only: tuple[int, int] = (0, 0)  # positions that are NaN in the first tensor only, in the second only
+    inf: int = 0  # positions where an ±Inf (in either) meets a different value that is not NaN
+
+    def nonfinite_text(self, name: str, run_a: int, run_b: int) -> list[str]:
+        """Sentences like ``param fc.weight: NaN at 3 positions in run 2 only`` (runs numbered from 1)."""
+        out = []
+        for count, run in zip(self.nan_only, (run_a, run_b)):
+            if count:
+                out.append(f"{name}: NaN at {count} position{'s' if count > 1 else ''} in run {run} only")
+        if self.inf:
+            out.append(f"{name}: ±Inf at {self.inf} position{'s' if self.inf > 1 else ''} where run {run_a} and "
+                       f"run {run_b} differ")
+        return out
+
+
+def tensor_delta(a: torch.Tensor, b: torch.Tensor) -> TensorDelta | None:
+    """Compare bits first (identical bits: Δ 0, even with NaNs), then values; None for different shapes or dtypes."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return None
+    if _same_bits(a, b):
+        return TensorDelta(True)
+    if not a.is_floating_point():
+        return TensorDelta(False)
+    a, b = a.detach(), b.detach()
+    na, nb = torch.isnan(a), torch.isnan(b)
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    inf = ~(na | nb) & ~finite & (a != b)
+    delta = TensorDelta(False, nan_only=(int((na & ~nb).sum()), int((nb & ~na).sum())), inf=int(inf.sum()))
+    if bool(finite.any()):
+        fa, fb = a[finite], b[finite]
+        delta.max_abs = min(float((fa.double() - fb.double()).abs().max()), sys.float_info.max)
+        if a.dtype in _INT_VIEW:
+            delta.max_ulp = int((_ordered(fa) - _ordered(fb)).abs().max().item())
+    return delta
+
+
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in units in the last place between two same-shape float tensors (0 if identical)."""
+    """Largest distance in units in the last place between two same-shape float tensors (0 if identical).
+
+    Positions where either value is NaN or ±Inf are left out (see :func:`tensor_delta`).
+    """
     if a.dtype not in _INT_VIEW or a.shape != b.shape or a.numel() == 0:
         return 0
-    ia, ib = a.contiguous().view(_INT_VIEW[a.dtype]).long(), b.contiguous().view(_INT_VIEW[a.dtype]).long()
-    bits = torch.iinfo(_INT_VIEW[a.dtype]).bits
-    top = (1 << (bits - 1)) - 1
-    # map sign-magnitude float bits onto a monotonic integer line
-    oa = torch.where(ia < 0, -(ia & top), ia).double()
-    ob = torch.where(ib < 0, -(ib & top), ib).double()
-    return int((oa - ob).abs().max().item())
+    d = tensor_delta(a, b)
+    return d.max_ulp if d is not None else 0
 
 
-def _max_abs_delta(va: dict[str, torch.Tensor], vb: dict[str, torch.Tensor]) -> tuple[float, str | None]:
-    best, where = 0.0, None
+def _deltas(va: dict[str, torch.Tensor], vb: dict[str, torch.Tensor]) -> dict[str, TensorDelta]:
+    """Per-tensor deltas of the tensors both snapshots hold with the same shape and dtype."""
+    out = {}
     for name, x in va.items():
         y = vb.get(name)
-        if y is None or y.shape != x.shape or not x.is_floating_point():
-            continue
-        d = (x.double() - y.double()).abs()
-        m = float(d.max()) if d.numel() else 0.0
-        if math.isnan(m):
-            m = math.inf
-        if m > best or where is None:
-            best, where = m, name
+        d = tensor_delta(x, y) if y is not None else None
+        if d is not None:
+            out[name] = d
+    return out
+
+
+def _worst(deltas: dict[str, TensorDelta], attr: str) -> tuple[float, str | None]:
+    """Largest ``attr`` (finite |Δ| or ULPs) and its tensor; the first differing tensor when all are 0."""
+    best, where = 0.0, None
+    for name, d in deltas.items():
+        if not d.equal and (getattr(d, attr) > best or where is None):
+            best, where = getattr(d, attr), name
     return best, where
+
+
+def _nonfinite(deltas: dict[str, TensorDelta], step: int | None, run: int) -> list[dict[str, Any]]:
+    """Entries for ``CheckResult.nonfinite``: NaN/Inf positions that differ between run 1 and ``run``."""
+    out = []
+    for name, d in deltas.items():
+        for text in d.nonfinite_text(name, 1, run):
+            out.append({"step": step, "tensor": name, "runs": [0, run - 1], "nan_only": list(d.nan_only),
+                        "inf": d.inf, "text": text})
+    return out
 
 
 def _values_name(step: int, mode: str) -> str:
     return f"step_{step:06d}" if mode == "optimizer" else f"backward_{step:06d}"
 
 
+def _unreadable_notes(runs: list[Run]) -> list[str]:
+    """What a recorder could not read or save ("unreadable: <reason>", ``values_error``): it was not compared."""
+    notes: list[str] = []
+    for i, run in enumerate(runs, start=1):
+        batches = [(k, b) for k, s in enumerate(run.steps(), start=1) for b in s.get("batches", [])
+                   if str(b).startswith(UNREADABLE)]
+        if batches:
+            k, b = batches[0]
+            notes.append(f"Run {i}: {len(batches)} data batch(es) could not be read, the first at step {k} "
+                         f"({b[len(UNREADABLE):]}); their data was not compared, so a divergence from step {k} on "
+                         "may come from the data. Return tensors, arrays, numbers, strings, lists, dicts, "
+                         "dataclasses or named tuples from the dataset and collate_fn.")
+        tensors = sorted({f"{e.get('kind')} {name}" for e in run.events for part in ("params", "grads", "state")
+                          for name, fp in (e.get(part) or {}).items() if str(fp).startswith(UNREADABLE)})
+        if tensors:
+            notes.append(f"Run {i}: {len(tensors)} recorded tensor(s) could not be fingerprinted and were not "
+                         f"compared: {', '.join(tensors[:3])}{' ...' if len(tensors) > 3 else ''} (see trace.jsonl).")
+        if run.manifest.get("values_error"):
+            failed = run.manifest.get("values_failed") or ["?"]
+            notes.append(f"Run {i}: parameter values are unavailable from {failed[0]!r} on "
+                         f"({run.manifest['values_error']}), so max |Δ weight| misses those steps.")
+    return notes
+
+
 def compare_runs(runs: list[Run]) -> CheckResult:
     """Compare every run with the first one; the earliest divergence over all pairs is reported."""
     if len(runs) < 2:
         raise ValueError("compare_runs needs at least two runs")
+    check_comparable(runs)
     mode = runs[0].step_mode
     result = CheckResult(verdict="identical", runs=[str(r.path) for r in runs], step_mode=mode,
                          steps=[len(r.steps()) for r in runs])
     diffs: list[Difference] = []
     for i, other in enumerate(runs[1:], start=1):
         if other.step_mode != mode:
-            diffs.append(Difference("steps", 1, [f"run 0 steps by {mode}", f"run {i} steps by {other.step_mode}"],
+            diffs.append(Difference("steps", 1, [f"run 1 steps by {mode}", f"run {i + 1} steps by {other.step_mode}"],
                                     (0, i)))
             continue
         diffs.extend(_pair_differences(runs[0], other, 0, i))
     result.losses = [[_loss_value(s, mode) for s in r.steps()] for r in runs]
-    n = min(len(x) for x in result.losses)
-    for k in range(n):
-        vals = [x[k] for x in result.losses]
-        result.loss_delta.append(None if any(v is None for v in vals) else
-                                 max(abs(v - vals[0]) for v in vals))  # type: ignore[operator]
+    _loss_deltas(result)
+    result.notes += _unreadable_notes(runs)
     if mode == "backward":
         result.notes.append("The script updates parameters without torch.optim, so each backward() call is "
                             "treated as one step.")
@@ -267,36 +505,44 @@ def compare_runs(runs: list[Run]) -> CheckResult:
 
 
 def _growth(runs: list[Run], result: CheckResult) -> None:
-    """Per-step max |Δ parameter| and final max |Δ weight| and ULP distance, from saved values."""
+    """Per-step max |Δ parameter| and final max |Δ weight| and ULP distance, from saved values.
+
+    |Δ| and ULPs cover values finite in both runs; NaN/Inf positions that differ go to ``result.nonfinite``
+    (at the first step that has any, and at the end).
+    """
     base = runs[0]
     mode = result.step_mode
-    steps = range(0, min(result.steps) + 1)
-    for k in steps:
+    nonfinite_step_seen = False
+    for k in range(0, min(result.steps) + 1):
         name = "init" if k == 0 else _values_name(k, mode)
         va = base.values(name)
         if va is None:
             continue
         worst = 0.0
-        for other in runs[1:]:
+        found: list[dict[str, Any]] = []
+        for i, other in enumerate(runs[1:], start=2):
             vb = other.values(name)
             if vb is not None:
-                worst = max(worst, _max_abs_delta(va, vb)[0])
+                deltas = _deltas(va, vb)
+                worst = max(worst, _worst(deltas, "max_abs")[0])
+                found += _nonfinite(deltas, k, i)
         result.param_delta[k] = worst
+        if found and not nonfinite_step_seen:
+            result.nonfinite += found
+            nonfinite_step_seen = True
     fa = base.values("final")
     if fa is None:
         result.notes.append("Parameter values were not saved, so max |Δ weight| is unknown (record with values).")
         return
-    for other in runs[1:]:
+    for i, other in enumerate(runs[1:], start=2):
         fb = other.values("final")
         if fb is None:
             continue
-        m, where = _max_abs_delta(fa, fb)
+        deltas = _deltas(fa, fb)
+        m, where = _worst(deltas, "max_abs")
         if result.final_max_abs_delta is None or m > result.final_max_abs_delta:
             result.final_max_abs_delta, result.final_max_abs_delta_tensor = m, where
-        for name, x in fa.items():
-            y = fb.get(name)
-            if y is None or not x.is_floating_point():
-                continue
-            u = ulp_distance(x, y)
-            if result.max_ulp is None or u > result.max_ulp:
-                result.max_ulp, result.max_ulp_tensor = u, name
+        u, uwhere = _worst(deltas, "max_ulp")
+        if result.max_ulp is None or u > result.max_ulp:
+            result.max_ulp, result.max_ulp_tensor = int(u), uwhere
+        result.nonfinite += _nonfinite(deltas, None, i)

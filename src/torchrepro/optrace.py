@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._modules import discover_models
+from .errors import RunDirError
 from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many
 
 # Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
@@ -408,14 +409,22 @@ class trace_ops:  # noqa: N801 - reads as a function at call sites
 def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
     """Op records from an ``ops.jsonl`` file, with the source line's text as ``code``.
 
-    A cut-off last line (a killed run) is ignored.
+    A cut-off last line (no newline at the end of the file: a killed run) is ignored. Any other line that is
+    not a JSON object raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
+    would shift or shorten the op stream and make two runs' streams look different.
     """
     lines: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for raw in f:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, raw in enumerate(f, start=1):
             try:
                 op = json.loads(raw)
             except json.JSONDecodeError:
-                return
+                op = None
+            if not isinstance(op, dict):
+                if not raw.endswith("\n"):  # the last line, cut off mid-write
+                    return
+                raise RunDirError(path, f"line {number} is not a valid op record ({raw[:60]!r}); the op trace is "
+                                  "corrupt (only a cut-off last line is tolerated).",
+                                  "Trace the run again (`torchrepro check --locate -- ...`).")
             op["code"] = _code_line(op["file"], op["line"], lines) if op.get("file") else ""
             yield op

@@ -13,7 +13,12 @@ See docs/formats.md for every field.
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
+import pickletools
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -99,19 +104,86 @@ class Run:
         """The step records: optimizer steps, or backward calls when the script has no optimizer."""
         return self.of_kind("step" if self.step_mode == "optimizer" else "backward")
 
-    def values(self, name: str) -> dict[str, torch.Tensor] | None:
-        """Saved parameter values ``values/<name>.pt`` (e.g. ``init``, ``step_000003``, ``final``) or None."""
+    def values(self, name: str, *, mmap: bool = False) -> dict[str, torch.Tensor] | None:
+        """Saved parameter values ``values/<name>.pt`` (e.g. ``init``, ``step_000003``, ``final``) or None.
+
+        With ``mmap=True`` the tensors are memory-mapped, not read: cheap when only shapes and dtypes are needed.
+        """
         path = self.path / VALUES / f"{name}.pt"
         if not path.exists():
             return None
+        return load_values(path, mmap=mmap)
+
+
+def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """A values file as ``{name: tensor}``, loaded without running pickled code; RunDirError if unusable."""
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+    except pickle.UnpicklingError:
+        imports = _code_imports(path)
+        if imports is None:  # not even a well-formed pickle stream: cut off or overwritten
+            raise RunDirError(path, "cannot be read: it is not a valid torch.save file; it may be truncated or "
+                              "corrupt.", "Record the run again.") from None
+        if not imports:
+            raise RunDirError(path, "holds pickle data that the safe loader refused: it is not a plain dict of "
+                              "tensors.", "Record the run again.") from None
+        shown = ", ".join(imports[:3]) + (" ..." if len(imports) > 3 else "")
+        raise RunDirError(path, f"holds pickle data that would import and call {shown} when loaded, i.e. run "
+                          "code: torchrepro refused to load it (values files hold only plain dicts of tensors).",
+                          "Do not open this file with pickle or any loader that runs code; delete it and record "
+                          "the run again from a trusted source.") from None
+    except Exception as exc:
+        text = str(exc) if "weights_only" not in str(exc) else ""  # never repeat torch's advice to unpickle code
+        detail = f" ({type(exc).__name__}: {text})" if text else f" ({type(exc).__name__})"
+        raise RunDirError(path, f"cannot be read{detail}; it may be truncated or corrupt.",
+                          "Record the run again.") from None
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        got = type(data).__name__ if not isinstance(data, dict) else "dict with non-tensor values"
+        raise RunDirError(path, f"holds a {got}, expected a dict of tensors.", "Record the run again.")
+    return data
+
+
+# Globals that torch.save writes for plain tensors; anything else in a refused file is code to run on load.
+_TENSOR_GLOBAL_PREFIXES = ("torch.", "collections.OrderedDict", "_codecs.encode")
+
+
+def _code_imports(path: Path) -> list[str] | None:
+    """The non-tensor globals a refused pickle would import, read with ``pickletools`` (which executes nothing).
+
+    None when the file holds no well-formed pickle stream (truncated or corrupt rather than unsafe).
+    """
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                member = next((n for n in zf.namelist() if n.endswith("data.pkl")), None)
+                if member is None:
+                    return None
+                data = zf.read(member)
+        else:
+            data = path.read_bytes()
+    except (OSError, zipfile.BadZipFile, RuntimeError):
+        return None
+    stream = io.BytesIO(data)
+    found: list[str] = []
+    parsed = False
+    while stream.tell() < len(data):  # the legacy format holds several pickles in a row, then raw bytes
+        strings: list[str] = []
         try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise RunDirError(path, f"cannot be read ({type(exc).__name__}: {exc}); it may be truncated.",
-                              "Record the run again.") from None
-        if not isinstance(data, dict):
-            raise RunDirError(path, f"holds a {type(data).__name__}, expected a dict of tensors.")
-        return data
+            for op, arg, _ in pickletools.genops(stream):
+                if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                    strings.append(str(arg))
+                elif op.name in ("GLOBAL", "INST"):
+                    found.append(str(arg).replace(" ", "."))
+                elif op.name == "STACK_GLOBAL":
+                    found.append(f"{strings[-2]}.{strings[-1]}" if len(strings) >= 2 else "an unnamed global")
+        except Exception:  # noqa: BLE001 - any parse failure means: not a well-formed pickle from here on
+            break
+        parsed = True
+    if not parsed:
+        return None
+    return list(dict.fromkeys(g for g in found if not g.startswith(_TENSOR_GLOBAL_PREFIXES)))
 
 
 def load_run(run_dir: str | Path) -> Run:

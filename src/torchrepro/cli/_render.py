@@ -16,6 +16,17 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else ("0" if x == 0 else f"{x:.3e}")
 
 
+def _final_line(result: CheckResult) -> str:
+    if result.final_max_abs_delta_tensor is None:
+        return "  final parameters: bitwise equal in every run"
+    line = f"  final max |Δ weight| = {result.final_max_abs_delta:.6g} ({result.final_max_abs_delta_tensor})"
+    if result.final_max_abs_delta == 0:
+        line += " - finite values equal; the tensors differ in NaN/Inf positions, sign of zero or NaN bits"
+    if result.max_ulp:
+        line += f"; largest ULP distance = {result.max_ulp} ({result.max_ulp_tensor})"
+    return line
+
+
 def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
     lines: list[str] = []
     unit = "steps" if result.step_mode == "optimizer" else "backward() calls"
@@ -46,9 +57,10 @@ def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
             ld = result.loss_delta[k - 1] if 1 <= k <= len(result.loss_delta) else None
             lines.append(f"  {k:>6}  {_fmt(ld):>12}  {_fmt(result.param_delta.get(k)):>13}")
         if result.final_max_abs_delta is not None:
-            lines.append(f"  final max |Δ weight| = {result.final_max_abs_delta:.6g} "
-                         f"({result.final_max_abs_delta_tensor}); largest ULP distance = {result.max_ulp} "
-                         f"({result.max_ulp_tensor})")
+            lines.append(_final_line(result))
+        for entry in result.nonfinite:
+            when = "final" if entry.get("step") is None else f"step {entry['step']}"
+            lines.append(f"  {when}: {entry['text']}")
         lines.append("")
         lines.append(f"Cause: {result.cause} - {result.explanation}")
         lines.append(f"Next:  {result.action}")
