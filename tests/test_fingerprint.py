@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import collections
+import copy
+import dataclasses
+import threading
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,7 +13,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchrepro
-from torchrepro.fingerprint import STRIDE, UnfingerprintableError, fingerprint, fingerprint_many
+from torchrepro.fingerprint import (
+    STRIDE,
+    UnfingerprintableError,
+    UnreadableError,
+    fingerprint,
+    fingerprint_many,
+    fingerprint_object,
+)
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -215,3 +228,95 @@ def test_numpy_cpu_path_equals_torch_device_path(n):
     mask = (1 << 64) - 1
     via_torch = [(a & mask, b & mask) for a, b in _lane_sums_torch(ts, torch.device("cpu"))]
     assert _lane_sums_numpy(ts) == via_torch
+
+
+# --- fingerprint_object: Python structures holding tensors (batches) ---------------------------------------
+class _Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+@dataclasses.dataclass
+class _DC:
+    t: torch.Tensor
+    n: int
+
+
+_NT = collections.namedtuple("_NT", ["a", "b"])
+
+
+def _same(a, b) -> bool:
+    return fingerprint_object(a) == fingerprint_object(b)
+
+
+def test_objects_are_read_by_value_not_by_identity_or_repr():
+    t = torch.arange(5000.0)
+    assert _same(_Point(t, "a"), _Point(t.clone(), "a"))  # two objects at different addresses
+    u = t.clone()
+    u[2500] += 1  # repr() of a 5000-element tensor elides the middle
+    assert not _same(_Point(t, "a"), _Point(u, "a"))
+    assert repr(t) == repr(u)
+    assert _same(_Slotted(1, t), _Slotted(1, t.clone())) and not _same(_Slotted(1, t), _Slotted(2, t))
+    assert _same(_DC(t, 3), _DC(t.clone(), 3)) and not _same(_DC(t, 3), _DC(t, 4))
+    assert not _same(_NT(1, 2), (1, 2)) and not _same(_NT(1, 2), _NT(2, 1))
+    assert not _same(_Point(1, 2), _Slotted(1, 2))  # the type is part of the value
+
+
+@pytest.mark.parametrize("a, b", [
+    (1, 2), (1, 1.0), (True, 1), (0.0, -0.0), (float("nan"), float("-nan")), ("a", b"a"), ("ab", ["a", "b"]),
+    (None, 0), (1 + 2j, 1 - 2j), (list(range(100)), list(range(99)) + [100]), ([0.5] * 50, [0.5] * 49 + [0.25]),
+    (torch.float32, torch.float64), ({"a": 1, "b": 2}, {"b": 2, "a": 1}), ({"a": 1}, {"a": 2}),
+    ((1, (2, 3)), ((1, 2), 3)), ([[1], [2]], [[1, 2]]), (torch.zeros(2), torch.zeros(2).numpy()),
+])
+def test_different_values_have_different_fingerprints(a, b):
+    assert fingerprint_object(a) == fingerprint_object(copy.deepcopy(a))
+    assert fingerprint_object(a) != fingerprint_object(b)
+
+
+def test_numpy_values_bytes_and_sets():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert _same(x, x.copy()) and _same(x.T, np.ascontiguousarray(x.T))
+    assert not _same(x, x.astype(np.float64)) and not _same(x, x.reshape(4, 3))
+    y = x.copy()
+    y.reshape(-1).view(np.uint8)[17] ^= 1
+    assert not _same(x, y)
+    assert not _same(np.float32(1), np.float64(1)) and _same(np.int64(7), np.int64(7))
+    assert not _same(np.array(["a", "b"]), np.array(["a", "c"]))
+    assert _same(np.array([_Point(1, 2)], dtype=object), np.array([_Point(1, 2)], dtype=object))
+    assert not _same(b"\x00\x01", bytearray(b"\x00\x02"))
+    assert _same({"x", "y", "z"}, {"z", "y", "x"}) and not _same({"x", "y"}, {"x", "z"})
+
+
+def test_cycles_depth_and_unreadable_parts():
+    a: list = [1]
+    a.append(a)
+    b: list = [1]
+    b.append(b)
+    assert _same(a, b) and not _same(a, [1, [1]])
+    p = _Point(1, None)
+    p.y = p
+    assert _same(p, p)
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(UnreadableError, match=r"nested more than 32 levels deep"):
+        fingerprint_object(deep)
+    with pytest.raises(UnreadableError, match=r"more than 10 elements"):
+        fingerprint_object([[1, 2, 3]] * 5, max_nodes=10)
+    with pytest.raises(UnreadableError, match=r"^batch\['meta'\]\.lock: cannot read an object of type _thread\.lock"):
+        fingerprint_object({"x": torch.zeros(1), "meta": _Locked()})
+    with pytest.raises(UnreadableError, match=r"^batch\[1\]: .*meta tensor"):
+        fingerprint_object((torch.zeros(1), torch.empty(2, device="meta")))
+    assert fingerprint_object(_Point(len, _Point)) == fingerprint_object(_Point(len, _Point))  # by name
+
+
+class _Locked:
+    def __init__(self):
+        self.lock = threading.Lock()

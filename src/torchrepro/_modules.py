@@ -31,3 +31,10 @@ def discover_models() -> dict[str, nn.Module]:
             name = f"{base}{i}"
         named[name] = m
     return named
+
+
+def optimizers_exist() -> bool:
+    """Whether any ``torch.optim.Optimizer`` is alive in this process (a gc scan: call it rarely)."""
+    from torch.optim import Optimizer
+
+    return any(issubclass(type(o), Optimizer) for o in gc.get_objects())  # type(): no __class__ lookups

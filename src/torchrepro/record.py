@@ -6,6 +6,10 @@ It hooks three global places: ``torch.autograd.backward`` (the loss), the optimi
 named parameter, its gradient and its optimizer state. Scripts that update parameters by hand (no
 ``torch.optim``) get one step per ``backward()`` call instead.
 
+Recording never breaks the script: a tensor that cannot be fingerprinted, a batch that cannot be read and a
+value file that cannot be written are recorded as such (``"unreadable: <reason>"``, ``values_error``), with a
+:class:`~torchrepro.errors.ReproWarning`, and ``compare`` reports them.
+
 From code::
 
     with torchrepro.watch(model, optimizer, run_dir="runs/a"):
@@ -15,9 +19,11 @@ From code::
 from __future__ import annotations
 
 import hashlib
+import io
 import queue
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,9 +34,10 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._io import atomic_write_bytes
-from ._modules import discover_models
+from ._modules import discover_models, optimizers_exist
 from .envinfo import environment_summary
-from .fingerprint import fingerprint_many
+from .errors import ReproWarning
+from .fingerprint import UNREADABLE, fingerprint, fingerprint_many, fingerprint_object, unreadable_text
 from .optrace import OpTracer
 from .store import OPS, VALUES, TraceWriter, write_manifest
 
@@ -38,71 +45,114 @@ DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
 
 
 class MaxStepsReached(SystemExit):
-    """Raised from the step hook to end a script cleanly after ``--max-steps`` steps."""
+    """Raised from the step hook to end a script cleanly after ``--max-steps`` steps.
+
+    A ``SystemExit`` (``code`` 0), so that ``except Exception`` in user code between the hook and the caller
+    does not swallow it; ``torchrepro run`` catches it at the top of the script, :class:`watch` at the end
+    of its ``with`` block.
+    """
 
     def __init__(self) -> None:
         super().__init__(0)
 
 
-def _tensors_in(obj: Any, out: list[torch.Tensor], depth: int = 0) -> list[torch.Tensor]:
-    """Tensors inside a batch (nested tuples, lists, dicts, dataclass-like objects)."""
-    if depth > 8:
-        return out
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif isinstance(obj, Mapping):
-        for k in sorted(obj, key=str):
-            _tensors_in(obj[k], out, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _tensors_in(v, out, depth + 1)
-    return out
-
-
 def _float_hex(t: torch.Tensor) -> str | None:
-    if t.numel() != 1 or not t.is_floating_point():
+    try:
+        if t.numel() != 1 or not t.is_floating_point() or t.layout != torch.strided:
+            return None
+        return float(t.detach().reshape(()).item()).hex()
+    except Exception:  # e.g. a tensor subclass without data: the fingerprint says it is unreadable
         return None
-    return float(t.detach().reshape(()).item()).hex()
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"torchrepro: {message}", ReproWarning, stacklevel=4)
 
 
 class _ValueWriter:
-    """Writes parameter value snapshots in a background thread (the copy itself is taken synchronously)."""
+    """Writes parameter value snapshots in a background thread (the copy itself is taken synchronously).
+
+    A write that fails (a full disk, a permission error) never blocks or stops training: the first failure is
+    kept in ``error`` and warned about, that snapshot and every later one are dropped (listed in ``failed``),
+    and ``saved`` lists only the files that were written.
+    """
 
     def __init__(self, directory: Path, budget: int) -> None:
         self.dir = directory
         self.budget = budget
         self.used = 0
         self.saved: list[str] = []
+        self.failed: list[str] = []
         self.skipped = 0
+        self.error: str | None = None
+        self._warned = False
         self._q: queue.Queue[tuple[str, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=4)
         self._thread = threading.Thread(target=self._work, name="torchrepro-values", daemon=True)
         self._thread.start()
 
-    def _work(self) -> None:
-        import io
+    def _fail(self, name: str, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{self.dir / name}.pt: {type(exc).__name__}: {exc}"
+        self.failed.append(name)
 
+    def _work(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
             name, values = item
-            buf = io.BytesIO()
-            torch.save(values, buf)
-            atomic_write_bytes(self.dir / f"{name}.pt", buf.getvalue())
+            if self.error is not None:  # after a failure nothing more is written: the values have a gap
+                self.failed.append(name)
+                continue
+            try:
+                buf = io.BytesIO()
+                torch.save(values, buf)
+                atomic_write_bytes(self.dir / f"{name}.pt", buf.getvalue())
+            except Exception as exc:
+                self._fail(name, exc)
+            else:
+                self.saved.append(name)
+
+    def _put(self, item: tuple[str, dict[str, torch.Tensor]] | None) -> bool:
+        """Queue ``item`` unless the writer thread has ended (then nothing would ever take it)."""
+        while self._thread.is_alive():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _warn_once(self) -> None:
+        if self.error is not None and not self._warned:
+            self._warned = True
+            _warn(f"could not save parameter values ({self.error}); training goes on, but values from "
+                  f"{self.failed[0]!r} on are not recorded, so comparisons of this run cannot report "
+                  f"max |Δ weight|. Free space or fix permissions in {self.dir}, or record without values.")
 
     def submit(self, name: str, params: Mapping[str, torch.Tensor], *, force: bool = False) -> None:
+        self._warn_once()
+        if self.error is not None:
+            self.failed.append(name)
+            return
         size = sum(p.numel() * p.element_size() for p in params.values())
         if not force and self.used + size > self.budget:
             self.skipped += 1
             return
         self.used += size
-        values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
-        self.saved.append(name)
-        self._q.put((name, values))
+        try:
+            values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
+        except Exception as exc:
+            self._fail(name, exc)
+            return
+        if not self._put((name, values)):
+            self._fail(name, RuntimeError("the value writer thread has stopped"))
 
     def close(self) -> None:
-        self._q.put(None)
+        """Write what is queued and stop the thread; returns once it has ended."""
+        self._put(None)
         self._thread.join()
+        self._warn_once()
 
 
 class Recorder:
@@ -112,7 +162,9 @@ class Recorder:
         run_dir: where ``trace.jsonl`` and ``values/`` go.
         models: ``{prefix: module}`` giving parameter names; None discovers the root modules at the first step.
         keep_values: also save parameter values per step (needed for max |Δ weight| and ULP distances).
-        max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps.
+        max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps: optimizer
+            steps, or, when no ``torch.optim`` optimizer exists, ``backward()`` calls (raised as the next
+            ``backward()`` starts, so the hand update of the last step is done and recorded in ``final``).
     """
 
     def __init__(
@@ -134,6 +186,9 @@ class Recorder:
         self._models = dict(models) if models is not None else None
         self._discovered: dict[str, nn.Module] | None = None
         self.max_steps = max_steps
+        self.stopped = False  # MaxStepsReached was raised
+        self._optimizers_exist: bool | None = None
+        self._warned: set[str] = set()
         self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
         self.steps = 0
         self.backward_calls = 0
@@ -184,13 +239,30 @@ class Recorder:
         return {self._names[id(p)]: p for p in params}
 
     # --- fingerprinting helpers -------------------------------------------------------------------------
-    @staticmethod
-    def _fps(named: Mapping[str, torch.Tensor | None]) -> dict[str, str | None]:
+    def _fps(self, named: Mapping[str, torch.Tensor | None]) -> dict[str, str | None]:
+        """Fingerprints by name; a tensor that cannot be read is recorded as ``"unreadable: <reason>"``."""
         keys = [k for k, v in named.items() if v is not None]
-        fps = fingerprint_many([named[k] for k in keys])  # type: ignore[misc]
+        tensors: list[torch.Tensor] = [named[k] for k in keys]  # type: ignore[misc]
+        try:
+            fps = fingerprint_many(tensors)
+        except Exception:  # find which ones; never let the recorder break the user's backward() or step()
+            fps = []
+            for k, t in zip(keys, tensors):
+                try:
+                    fps.append(fingerprint(t))
+                except Exception as exc:
+                    fps.append(unreadable_text(exc))
+                    self._warn_once("tensor", f"could not fingerprint {k.split(':', 1)[-1]!r} "
+                                    f"({fps[-1][len(UNREADABLE):]}); it is recorded as unreadable and "
+                                    "cannot be compared between runs.")
         out: dict[str, str | None] = dict.fromkeys(named)
         out.update(zip(keys, fps))
         return out
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            _warn(message)
 
     def _now(self) -> float:
         return round(time.perf_counter() - self._t0, 6)
@@ -198,14 +270,16 @@ class Recorder:
     # --- hooks ------------------------------------------------------------------------------------------
     def _on_batch(self, loader: Any, batch: Any) -> None:
         idx = self._loaders.setdefault(loader, len(self._loaders))
-        tensors = _tensors_in(batch, [])
-        h = hashlib.blake2b(digest_size=16)
-        h.update(f"loader{idx}|{len(tensors)}".encode())
-        for fp in fingerprint_many(tensors):
-            h.update(fp.encode())
-        if not tensors:
-            h.update(repr(batch).encode(errors="replace"))
-        fp = h.hexdigest()
+        try:
+            digest = fingerprint_object(batch)
+        except Exception as exc:  # UnreadableError names the part; anything else must not break the loop
+            fp = unreadable_text(exc)
+            self._warn_once("batch", f"could not read a batch of DataLoader {idx} ({fp[len(UNREADABLE):]}); it "
+                            "is recorded as unreadable and its data cannot be compared between runs. Return "
+                            "tensors, NumPy arrays, numbers, strings, lists, dicts, dataclasses or named "
+                            "tuples from the dataset and collate_fn.")
+        else:
+            fp = hashlib.blake2b(f"loader{idx}|{digest}".encode(), digest_size=16).hexdigest()
         self._pending_batches.append(fp)
         self._batches_since_backward.append(fp)
 
@@ -221,7 +295,20 @@ class Recorder:
         elif self._tracer.active:
             self._tracer.stop()
 
+    def _stop(self) -> None:
+        self.stopped = True
+        raise MaxStepsReached()
+
     def _on_backward_start(self) -> None:
+        if self.stopped:
+            self._stop()
+        if self.max_steps is not None and not self.steps and self.backward_calls >= self.max_steps:
+            # Each backward() is a step when the script updates parameters by hand. With an optimizer, the
+            # backward() calls before its first step are gradient accumulation: wait for optimizer steps.
+            if self._optimizers_exist is None:
+                self._optimizers_exist = optimizers_exist()
+            if not self._optimizers_exist:
+                self._stop()
         if self.backward_calls == 0 and self.steps == 0 and self.trace_steps and self.trace_steps[0] == 0:
             self._trace_boundary(1)  # the init region (step 0) ends where the first backward starts
         if self.backward_calls == 0 and self.steps == 0:
@@ -261,6 +348,8 @@ class Recorder:
         return entries, {f"l:{i}": t for i, t in enumerate(self._pending_losses)}
 
     def _on_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.stopped:  # the script caught MaxStepsReached and went on: record no more
+            self._stop()
         if self._tracer is not None:
             self._tracer.settle()
         self.steps += 1
@@ -274,8 +363,10 @@ class Recorder:
             for key, value in optimizer.state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     state[f"{name}.{key}"] = value
-                else:
+                elif value is None or isinstance(value, (bool, int, float, str)):
                     scalars[f"{name}.{key}"] = repr(value)
+                else:  # never a repr of an object (it may hold a memory address)
+                    scalars[f"{name}.{key}"] = _object_fp(value)
         losses, loss_tensors = self._losses()
         fps = self._fps({**loss_tensors, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()},
@@ -297,7 +388,7 @@ class Recorder:
         if self.trace_mode == "optimizer":
             self._trace_boundary(self.steps + 1)
         if self.max_steps is not None and self.steps >= self.max_steps:
-            raise MaxStepsReached()
+            self._stop()
 
     # --- install / uninstall ----------------------------------------------------------------------------
     def install(self) -> Recorder:
@@ -401,9 +492,19 @@ class Recorder:
             "record_s": self._now(),
             "values_saved": list(self.values.saved) if self.values else [],
             "values_skipped": self.values.skipped if self.values else 0,
+            "values_error": self.values.error if self.values else None,
+            "values_failed": list(self.values.failed) if self.values else [],
+            "stopped_at_max_steps": self.stopped,
             "traced_steps": list(self.trace_steps) if self.trace_steps else None,
             "traced_ops": self._tracer.count if self._tracer else 0,
         }
+
+
+def _object_fp(value: Any) -> str:
+    try:
+        return fingerprint_object(value)
+    except Exception as exc:
+        return unreadable_text(exc)
 
 
 class watch:  # noqa: N801 - reads as a function at call sites
@@ -412,6 +513,10 @@ class watch:  # noqa: N801 - reads as a function at call sites
     ``model`` may be one module or a ``{prefix: module}`` dict (several models). ``optimizer`` is accepted for
     symmetry with the CLI and for documentation; every optimizer's steps are recorded. On exit a
     ``manifest.json`` is written, so ``torchrepro diff`` can compare two such directories.
+
+    With ``max_steps=N`` the ``with`` block ends after step N: the step hook raises
+    :class:`MaxStepsReached`, which unwinds the training code inside the block (running its ``finally``
+    clauses) and is absorbed here, so the code after the ``with`` block runs.
     """
 
     def __init__(
@@ -432,13 +537,16 @@ class watch:  # noqa: N801 - reads as a function at call sites
         self._start = time.time()
         return self.recorder.install()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self.summary = self.recorder.finish()
-        ok = exc_type is None or isinstance(exc, MaxStepsReached)
+        ours = isinstance(exc, MaxStepsReached) and self.recorder.stopped
+        ok = exc_type is None or ours
+        status = ("stopped-at-max-steps" if self.recorder.stopped else "ok") if ok else "failed"
         write_manifest(self.run_dir, {
-            "command": ["<watch>"], "exit_code": 0 if ok else 1, "status": "ok" if ok else "failed",
+            "command": ["<watch>"], "exit_code": 0 if ok else 1, "status": status,
             "seed": None, "deterministic": torch.are_deterministic_algorithms_enabled(),
             "max_steps": self.recorder.max_steps, "torch": torch.__version__,
             "started": self._start, "duration_s": round(time.time() - self._start, 3),
             "environment": environment_summary(), **self.summary,
         })
+        return ours  # absorb our own stop: the code after the with block runs
