@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -246,3 +248,32 @@ def test_loader_state_mismatch():
         loader.load_state_dict({**loader.state_dict(), "batch_size": 8})
     with pytest.raises(TypeError, match="sets sampler itself"):
         torchrepro.ResumableLoader(Counting(), sampler=None)
+
+
+class Augmenting(torch.utils.data.Dataset):
+    """Every sample draws from random, NumPy and torch, as augmentations do."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i), random.random(), float(np.random.rand()), torch.rand(()).item()],
+                            dtype=torch.float64)
+
+
+def _caller_draws() -> tuple:
+    return random.random(), float(np.random.rand()), torch.rand(()).item()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_leaves_the_callers_rng_streams_alone(num_workers):
+    """Between batches the training loop draws (dropout, noise...): the loader must not shift those draws."""
+    def seed():
+        random.seed(11), np.random.seed(11), torch.manual_seed(11)
+
+    seed()
+    expected = [_caller_draws() for _ in range(4)]
+    seed()
+    loader = torchrepro.ResumableLoader(Augmenting(), batch_size=2, seed=3, num_workers=num_workers)
+    got = [_caller_draws() for _ in loader]
+    assert got == expected  # random, NumPy and torch, each compared exactly

@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import warnings
 
+import numpy as np
 import pytest
+import torch
 
 import torchrepro
 from torchrepro import seeding
@@ -106,8 +109,6 @@ def test_no_hashseed_warning_when_fixed(monkeypatch):
 
 
 def test_seed_everything_deterministic_flag():
-    import torch
-
     torchrepro.seed_everything(3, deterministic=True)
     assert torch.are_deterministic_algorithms_enabled()
     torchrepro.seed_everything(3, deterministic="warn")
@@ -142,8 +143,36 @@ def test_worker_seed_depends_on_rank(monkeypatch):
 
 def test_make_generator():
     g1, g2 = torchrepro.make_generator(8), torchrepro.make_generator(8)
-    import torch
-
     assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
     with pytest.raises(InvalidSeedError):
         torchrepro.make_generator(-3)
+
+
+class WorkerDraws(torch.utils.data.Dataset):
+    """Each sample reports the worker that loaded it and one draw from random, NumPy and torch."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        info = torch.utils.data.get_worker_info()
+        return {"worker": info.id, "base": info.seed - info.id, "random": random.random(),
+                "numpy": float(np.random.rand()), "torch": torch.rand(()).item()}
+
+
+def test_seed_worker_gives_each_worker_its_own_seed():
+    from torchrepro.data import worker_seed
+
+    loader = torch.utils.data.DataLoader(WorkerDraws(), batch_size=None, num_workers=2,
+                                         worker_init_fn=torchrepro.seed_worker,
+                                         generator=torchrepro.make_generator(0))
+    samples = list(loader)
+    first = {s["worker"]: s for s in reversed(samples)}  # the first sample each worker loaded
+    assert sorted(first) == [0, 1]
+    for source in ("random", "numpy", "torch"):
+        assert first[0][source] != first[1][source], f"workers 0 and 1 drew the same {source} numbers"
+    for w, s in first.items():  # and each worker's seed is the documented one
+        seed = worker_seed(s["base"], w)
+        expected = {"random": random.Random(seed).random(), "numpy": float(np.random.RandomState(seed).rand()),
+                    "torch": torch.rand((), generator=torch.Generator().manual_seed(seed)).item()}
+        assert {k: s[k] for k in expected} == expected, w
