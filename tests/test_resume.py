@@ -246,6 +246,18 @@ def test_loader_state_mismatch():
     loader = torchrepro.ResumableLoader(Counting(), batch_size=4)
     with pytest.raises(ValueError, match="batch_size=8 but this loader has 4"):
         loader.load_state_dict({**loader.state_dict(), "batch_size": 8})
+    next(iter(loader))
+    before = loader.state_dict()
+    bad = {**before, "batch_size": 8, "shuffle": False, "epoch": -1, "seed": 2**32}
+    del bad["batches_consumed"]
+    with pytest.raises(ValueError) as info:
+        loader.load_state_dict(bad)
+    assert str(info.value) == (
+        "loader state has batch_size=8 but this loader has 4; loader state has shuffle=False but this loader has "
+        "True; loader state lacks batches_consumed; loader state has epoch=-1, expected a non-negative integer; "
+        "loader state seed must be an integer in [0, 4294967295], got 4294967296; resuming would not give the "
+        "same batches. Build the loader as in the saved run.")
+    assert loader.state_dict() == before
     with pytest.raises(TypeError, match="sets sampler itself"):
         torchrepro.ResumableLoader(Counting(), sampler=None)
 

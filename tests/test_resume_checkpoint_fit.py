@@ -178,6 +178,10 @@ def test_missing_generator_is_found_before_anything_is_restored(tmp_path):
     aug = torch.Generator().manual_seed(9)
     _load(path, target, generators={"aug": aug})
     assert torch.equal(aug.get_state(), torch.Generator().manual_seed(5).get_state())
+    # generators= passed to save_checkpoint work like registered ones
+    torchrepro.save_checkpoint(path, model=objs["model"], step=4, generators={"aug": torch.Generator().manual_seed(6)})
+    assert torchrepro.load_checkpoint(path, model=target["model"], generators={"aug": aug})["step"] == 4
+    assert torch.equal(aug.get_state(), torch.Generator().manual_seed(6).get_state())
 
 
 def test_corrupt_rng_payload_is_found_before_anything_is_restored(saved):

@@ -233,7 +233,7 @@ class ResumableLoader:
         try:
             validate_seed(state.get("seed", 0), what="loader state seed")
         except InvalidSeedError as exc:
-            problems.append(str(exc))
+            problems.append(str(exc).rstrip("."))
         return problems
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
