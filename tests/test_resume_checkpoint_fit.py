@@ -190,9 +190,14 @@ def test_corrupt_rng_payload_is_found_before_anything_is_restored(saved):
     rng["numpy"]["name"] = "PCG64"
     data["rng"] = json.dumps(rng)
     torch.save(data, saved)
-    text = _refused(saved, _objects(seed=1))
-    assert ("\n  - RNG: is not a valid RNG state (field 'numpy.name' is 'PCG64', expected 'MT19937' (the bit "
-            "generator of NumPy's global RNG)).") in text
+    objs = _objects(seed=1)
+    before = _snapshot(objs)
+    with pytest.raises(CheckpointError) as info:
+        _load(saved, objs)
+    assert _snapshot(objs) == before
+    assert str(info.value) == (f"{saved}: has a corrupt RNG state (field 'numpy.name' is 'PCG64', expected "
+                               "'MT19937' (the bit generator of NumPy's global RNG)); nothing was restored. Use an "
+                               "earlier checkpoint.")
 
 
 def test_every_problem_is_listed_in_full(saved):

@@ -31,7 +31,7 @@ import torch
 from ._io import atomic_write
 from .data import ResumableLoader
 from .errors import CheckpointError, MissingGeneratorError, ReproWarning, StateFileError
-from .rng import RNGState
+from .rng import RNGState, parse_state
 
 FORMAT = "torchrepro.checkpoint"
 VERSION = 1
@@ -224,7 +224,7 @@ def _component_problems(name: str, saved: Any, saved_class: str | None, obj: Any
     return []
 
 
-def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState | None,
+def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState,
                   generators: Mapping[str, Any] | None, path: Path) -> list[str]:
     """Every way in which the checkpoint does not fit the objects passed (all checked, none restored)."""
     classes = data.get("classes") if isinstance(data.get("classes"), Mapping) else {}
@@ -232,12 +232,10 @@ def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState | N
     for name in ("optimizer", "scheduler", "scaler", "data"):
         if given[name] is not None:
             problems += _component_problems(name, data[name], classes.get(name), given[name])
-    if rng is not None:
-        try:
-            rng.check(generators, source=str(path))
-        except (StateFileError, MissingGeneratorError) as exc:
-            text = str(exc).removeprefix(f"{path}: ")
-            problems.append(f"RNG: {text}")
+    try:
+        rng.check(generators, source=str(path))
+    except (StateFileError, MissingGeneratorError) as exc:
+        problems.append(f"RNG: {str(exc).removeprefix(f'{path}: ')}")
     return problems
 
 
@@ -257,9 +255,9 @@ def _apply(data: dict[str, Any], given: dict[str, Any], path: Path) -> None:
     except Exception as exc:
         for obj, before in reversed(done):
             obj.load_state_dict(before)
-        partly = " The model may be partly overwritten." if name == "model" else " Nothing was changed."
+        undone = "The model may be partly overwritten." if name == "model" else "Nothing was changed."
         raise CheckpointError(path, f"could not be loaded into the {name} passed ({type(exc).__name__}: {exc}).",
-                              f"{partly.strip()} Build the objects exactly as in the run that saved it.") from exc
+                              f"{undone} Build the objects exactly as in the run that saved it.") from exc
 
 
 def load_checkpoint(
@@ -292,15 +290,13 @@ def load_checkpoint(
     if not data.get("rng"):
         raise CheckpointError(path, "has no RNG state, so training cannot continue bit for bit.",
                               "Save checkpoints with torchrepro.save_checkpoint().")
-    rng, problems = None, []
     try:
-        rng = RNGState.from_dict(json.loads(data["rng"]), source=str(path))
-    except (json.JSONDecodeError, TypeError) as exc:
-        problems.append(f"RNG: the saved RNG state is not valid JSON ({exc})")
-    except StateFileError as exc:
-        problems.append(f"RNG: {str(exc).removeprefix(f'{path}: ')}")
-    problems += _fit_problems(data, given, rng, generators, path)
-    if problems or rng is None:
+        rng = parse_state(json.loads(data["rng"]))
+    except (TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(path, f"has a corrupt RNG state ({exc}); nothing was restored.",
+                              "Use an earlier checkpoint.") from None
+    problems = _fit_problems(data, given, rng, generators, path)
+    if problems:
         listing = "".join(f"\n  - {p}" for p in problems)
         raise CheckpointError(path, f"does not fit the objects passed; nothing was restored. {len(problems)} "
                               f"problem(s):{listing}\nBuild the model, optimizer, scheduler, scaler and loader "

@@ -338,24 +338,29 @@ class RNGState:
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "RNG state") -> RNGState:
         """Rebuild from :meth:`to_dict`; raises :class:`StateFileError` naming ``source`` and the bad field."""
         try:
-            if not isinstance(d, Mapping):
-                raise ValueError(f"it is a {type(d).__name__}, expected an object")
-            missing = [k for k in ("python", "numpy", "torch_cpu", "cuda", "generators") if k not in d]
-            if missing:
-                raise ValueError(f"field(s) {', '.join(missing)} missing")
-            python, numpy_state = _python_state(d["python"]), _numpy_state(d["numpy"])
-            torch_cpu = _unb64(d["torch_cpu"], "torch_cpu")
-            _check_size(torch_cpu, torch.get_rng_state().numel(), "torch_cpu")
-            if not isinstance(d["cuda"], list):
-                raise ValueError(f"field 'cuda' is a {type(d['cuda']).__name__}, expected a list")
-            cuda = [_unb64(s, f"cuda[{i}]") for i, s in enumerate(d["cuda"])]
-            if not isinstance(d["generators"], Mapping):
-                raise ValueError(f"field 'generators' is a {type(d['generators']).__name__}, expected an object "
-                                 "mapping generator names to states")
-            gens = {name: _generator_entry(name, e) for name, e in d["generators"].items()}
+            return parse_state(d)
         except ValueError as exc:
             raise StateFileError(source, f"is not a valid RNG state ({exc}).", _RECREATE) from None
-        return cls(python=python, numpy=numpy_state, torch_cpu=torch_cpu, cuda=cuda, generators=gens)
+
+
+def parse_state(d: Any) -> RNGState:
+    """:meth:`RNGState.from_dict` without a source: raises ``ValueError`` naming the bad field."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"it is a {type(d).__name__}, expected an object")
+    missing = [k for k in ("python", "numpy", "torch_cpu", "cuda", "generators") if k not in d]
+    if missing:
+        raise ValueError(f"field(s) {', '.join(missing)} missing")
+    python, numpy_state = _python_state(d["python"]), _numpy_state(d["numpy"])
+    torch_cpu = _unb64(d["torch_cpu"], "torch_cpu")
+    _check_size(torch_cpu, torch.get_rng_state().numel(), "torch_cpu")
+    if not isinstance(d["cuda"], list):
+        raise ValueError(f"field 'cuda' is a {type(d['cuda']).__name__}, expected a list")
+    cuda = [_unb64(s, f"cuda[{i}]") for i, s in enumerate(d["cuda"])]
+    if not isinstance(d["generators"], Mapping):
+        raise ValueError(f"field 'generators' is a {type(d['generators']).__name__}, expected an object mapping "
+                         "generator names to states")
+    gens = {name: _generator_entry(name, e) for name, e in d["generators"].items()}
+    return RNGState(python=python, numpy=numpy_state, torch_cpu=torch_cpu, cuda=cuda, generators=gens)
 
 
 def _digest(state: Mapping[str, Any]) -> str:
