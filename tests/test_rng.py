@@ -257,6 +257,7 @@ def test_capture_includes_cuda_before_its_first_use(monkeypatch):
     put = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [t.clone() for t in fake])
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=0: fake[device].clone())

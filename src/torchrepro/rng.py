@@ -164,10 +164,16 @@ def _check_size(state: Any, expected: int, field: str) -> None:
 
 
 def _cuda_device_count() -> int:
-    """CUDA devices this process can use now: 0 without CUDA, or in a fork of a process that initialised it."""
-    if not torch.cuda.is_available():
+    """CUDA devices whose RNG this process can use, initialising CUDA if nothing has yet.
+
+    0 without CUDA, in a fork of a process that had initialised CUDA, or when CUDA fails to start: in each case
+    nothing in this process can draw from (and so advance) a CUDA RNG.
+    """
+    if not torch.cuda.is_available() or getattr(torch.cuda, "_is_in_bad_fork", lambda: False)():
         return 0
-    if getattr(torch.cuda, "_is_in_bad_fork", lambda: False)():
+    try:
+        torch.cuda.init()  # runs seeds queued before initialisation, so the states read next include them
+    except RuntimeError:
         return 0
     return torch.cuda.device_count()
 
@@ -245,7 +251,7 @@ class RNGState:
             key_name, key, pos, has_gauss, cached = np.random.get_state()
             np_state = {"name": key_name, "key": key.tolist(), "pos": int(pos),
                         "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-        cuda = list(torch.cuda.get_rng_state_all()) if _cuda_device_count() else []  # initialises CUDA lazily
+        cuda = list(torch.cuda.get_rng_state_all()) if _cuda_device_count() else []
         return cls(python=random.getstate(), numpy=np_state, torch_cpu=torch.get_rng_state(),
                    cuda=cuda, generators=gens)
 
@@ -263,7 +269,7 @@ class RNGState:
         if numpy_state is not None and np is None:
             raise StateFileError(source, "contains a NumPy RNG state but NumPy is not installed.",
                                  "Install numpy (pip install numpy) to restore it.")
-        have = _cuda_device_count()
+        have = _cuda_device_count() if self.cuda else 0
         if len(self.cuda) > have:
             raise DeviceMismatchError(
                 source, f"was captured with {len(self.cuda)} CUDA device(s) but this process has {have}.",
