@@ -320,3 +320,14 @@ def test_cycles_depth_and_unreadable_parts():
 class _Locked:
     def __init__(self):
         self.lock = threading.Lock()
+
+
+def test_c_objects_are_read_through_their_pickle_state():
+    import datetime
+    import functools
+
+    assert _same(functools.partial(max, 1), functools.partial(max, 1))
+    assert not _same(functools.partial(max, 1), functools.partial(max, 2))
+    d = datetime.datetime(2024, 1, 2, 3, 4, 5)
+    assert _same(d, datetime.datetime(2024, 1, 2, 3, 4, 5)) and not _same(d, d + datetime.timedelta(microseconds=1))
+    assert _same(object(), object())

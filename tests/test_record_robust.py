@@ -84,13 +84,14 @@ def test_object_batches_of_identical_runs_are_identical(tmp_path, kind):
     assert result.verdict == "identical", (result.first, result.notes)
 
 
-def test_difference_inside_a_large_tensor_of_an_object_batch_is_data(tmp_path):
+@pytest.mark.parametrize("kind", ["dataclass", "plain"])
+def test_difference_inside_a_large_tensor_of_an_object_batch_is_data(tmp_path, kind):
     """repr() elides the middle of large tensors: a real data difference was reported as cause `compute`."""
     data = torch.randn(8, 2000, generator=torch.Generator().manual_seed(2))
     other = data.clone()
     other[1, 1000] += 1.0
-    _train_on(tmp_path / "a", "plain", data)
-    _train_on(tmp_path / "b", "plain", other)
+    _train_on(tmp_path / "a", kind, data)
+    _train_on(tmp_path / "b", kind, other)
     result = compare_runs([load_run(tmp_path / "a"), load_run(tmp_path / "b")])
     assert result.verdict == "diverged" and result.first_step == 1 and result.cause == "data"
     assert result.first[0].kind == "batches"
@@ -180,7 +181,7 @@ def test_a_tensor_that_cannot_be_read_is_recorded_not_raised(tmp_path, monkeypat
 
 
 # --- the background value writer -----------------------------------------------------------------------------
-def _in_thread(fn, timeout: float = 120.0) -> None:
+def _in_thread(fn, timeout: float = 60.0) -> None:
     """Run ``fn`` with a guard: a hang fails the test instead of blocking the suite forever."""
     errors: list[BaseException] = []
 

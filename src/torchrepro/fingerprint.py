@@ -493,6 +493,8 @@ class _TreeReader:
 
     def _walk_object(self, obj: Any, path: str, depth: int) -> None:
         cls = type(obj)
+        if cls.__flags__ & _IMMUTABLETYPE and self._walk_reduced(obj, path, depth, strict=False):
+            return  # a C type (functools.partial, datetime, ...): its pickle state is its value
         state: list[tuple[str, Any]] = []
         has_dict = isinstance(getattr(obj, "__dict__", None), dict)
         if has_dict:
@@ -506,20 +508,31 @@ class _TreeReader:
                 self.walk(value, f"{path}.{name}", depth + 1)
             self.emit("/")
             return
+        self._walk_reduced(obj, path, depth, strict=True)
+
+    def _walk_reduced(self, obj: Any, path: str, depth: int, *, strict: bool) -> bool:
+        """Walk ``obj``'s pickle state (``__reduce_ex__``); False (or, if ``strict``, an error) if it has none."""
+        cls = type(obj)
         try:
             reduced = obj.__reduce_ex__(4)
         except Exception as exc:
+            if not strict:
+                return False
             raise UnreadableError(f"{path}: cannot read an object of type {_qualname(cls)}: it has no __dict__ "
                                   f"or __slots__ and no pickle state ({_describe(exc)})") from None
         if isinstance(reduced, str) or not isinstance(reduced, tuple):  # a global: read by name
             self.emit("G", f"{_qualname(cls)}|{reduced}".encode())
-            return
+            return True
         self.emit("P", _qualname(cls).encode())
         for i, part in enumerate(reduced[:5]):
             if i >= 3 and part is not None:
                 part = list(part)  # list items / dict items iterators
             self.walk(part, f"{path}<pickle state {i}>", depth + 1)
         self.emit("/")
+        return True
+
+
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: a C type (classes defined in Python are mutable)
 
 
 def _leaf(obj: Any) -> bytes | None:

@@ -82,38 +82,44 @@ class _ValueWriter:
         self.budget = budget
         self.used = 0
         self.saved: list[str] = []
-        self.failed: list[str] = []
+        self._failed: list[tuple[int, str]] = []  # (submission number, name): both threads append
+        self._submitted = 0
         self.skipped = 0
         self.error: str | None = None
         self._warned = False
-        self._q: queue.Queue[tuple[str, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=4)
+        self._q: queue.Queue[tuple[int, str, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=4)
         self._thread = threading.Thread(target=self._work, name="torchrepro-values", daemon=True)
         self._thread.start()
 
-    def _fail(self, name: str, exc: BaseException) -> None:
+    @property
+    def failed(self) -> list[str]:
+        """Snapshots not written (after a failure), in the order they were submitted."""
+        return [name for _, name in sorted(self._failed)]
+
+    def _fail(self, n: int, name: str, exc: BaseException) -> None:
+        self._failed.append((n, name))
         if self.error is None:
             self.error = f"{self.dir / name}.pt: {type(exc).__name__}: {exc}"
-        self.failed.append(name)
 
     def _work(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
-            name, values = item
+            n, name, values = item
             if self.error is not None:  # after a failure nothing more is written: the values have a gap
-                self.failed.append(name)
+                self._failed.append((n, name))
                 continue
             try:
                 buf = io.BytesIO()
                 torch.save(values, buf)
                 atomic_write_bytes(self.dir / f"{name}.pt", buf.getvalue())
             except Exception as exc:
-                self._fail(name, exc)
+                self._fail(n, name, exc)
             else:
                 self.saved.append(name)
 
-    def _put(self, item: tuple[str, dict[str, torch.Tensor]] | None) -> bool:
+    def _put(self, item: tuple[int, str, dict[str, torch.Tensor]] | None) -> bool:
         """Queue ``item`` unless the writer thread has ended (then nothing would ever take it)."""
         while self._thread.is_alive():
             try:
@@ -132,8 +138,9 @@ class _ValueWriter:
 
     def submit(self, name: str, params: Mapping[str, torch.Tensor], *, force: bool = False) -> None:
         self._warn_once()
+        n = self._submitted = self._submitted + 1
         if self.error is not None:
-            self.failed.append(name)
+            self._failed.append((n, name))
             return
         size = sum(p.numel() * p.element_size() for p in params.values())
         if not force and self.used + size > self.budget:
@@ -143,10 +150,10 @@ class _ValueWriter:
         try:
             values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
         except Exception as exc:
-            self._fail(name, exc)
+            self._fail(n, name, exc)
             return
-        if not self._put((name, values)):
-            self._fail(name, RuntimeError("the value writer thread has stopped"))
+        if not self._put((n, name, values)):
+            self._fail(n, name, RuntimeError("the value writer thread has stopped"))
 
     def close(self) -> None:
         """Write what is queued and stop the thread; returns once it has ended."""
@@ -493,7 +500,7 @@ class Recorder:
             "values_saved": list(self.values.saved) if self.values else [],
             "values_skipped": self.values.skipped if self.values else 0,
             "values_error": self.values.error if self.values else None,
-            "values_failed": list(self.values.failed) if self.values else [],
+            "values_failed": self.values.failed if self.values else [],
             "stopped_at_max_steps": self.stopped,
             "traced_steps": list(self.trace_steps) if self.trace_steps else None,
             "traced_ops": self._tracer.count if self._tracer else 0,
