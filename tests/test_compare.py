@@ -177,7 +177,8 @@ def test_nan_losses(tmp_path):
     r = compare_runs(one)
     assert r.first_step == 2 and kinds(r) == ["loss"]
     assert r.loss_delta == [0.0, None, None]
-    assert [e["text"] for e in r.nonfinite] == ["loss at step 2: 0.5 in run 1, nan in run 2"]
+    assert [e["text"] for e in r.nonfinite] == ["loss: 0.5 in run 1, nan in run 2"]
+    assert r.nonfinite[0]["step"] == 2
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in r.loss_delta if v is not None)
 
 

@@ -319,7 +319,7 @@ def _loss_deltas(result: CheckResult) -> None:
             worst = math.nan
             if not seen:
                 result.nonfinite.append({"step": k + 1, "tensor": "loss", "runs": [0, i - 1], "text":
-                                         f"loss at step {k + 1}: {base!r} in run 1, {v!r} in run {i}"})
+                                         f"loss: {base!r} in run 1, {v!r} in run {i}"})
         seen = seen or math.isnan(worst)
         result.loss_delta.append(None if math.isnan(worst) else worst)
 
