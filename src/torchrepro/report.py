@@ -36,8 +36,13 @@ def plot_check(result: CheckResult, path: str | Path) -> Path | None:
     if positive:
         ax2.semilogy([k for k, _ in positive], [d for _, d in positive], marker="o", markersize=3)
     else:
-        ax2.text(0.5, 0.5, "all parameters bitwise equal" if steps else "no parameter values saved",
-                 ha="center", va="center", transform=ax2.transAxes)
+        if not steps:
+            text = "no parameter values saved"
+        elif any(e.get("tensor") != "loss" for e in result.nonfinite):
+            text = "finite values equal;\nNaN/Inf positions differ (see the summary)"
+        else:
+            text = "all parameters bitwise equal"
+        ax2.text(0.5, 0.5, text, ha="center", va="center", transform=ax2.transAxes)
     ax2.set_xlabel("step (0 = initial parameters)")
     ax2.set_ylabel("max |Δ weight| vs run 1")
     ax2.set_title("How the difference grew")
