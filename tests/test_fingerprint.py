@@ -114,6 +114,17 @@ def test_unfingerprintable_tensors_raise():
         fingerprint_many([torch.zeros(2), torch.empty(3, device="meta")])
 
 
+def test_check_fingerprintable_is_about_reading_one_storage_directly():
+    """The op tracer keys its cache on storage: sparse tensors stay "unfingerprintable" there."""
+    from torchrepro.fingerprint import check_fingerprintable
+
+    check_fingerprintable(torch.zeros(3))
+    sp = torch.eye(3).to_sparse()
+    with pytest.raises(UnfingerprintableError, match="layout torch.sparse_coo has no single storage"):
+        check_fingerprintable(sp)
+    assert len(fingerprint(sp)) == 32
+
+
 QUANTIZED = {torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4}
 ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)} - QUANTIZED, key=str)
 

@@ -81,13 +81,27 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def check_fingerprintable(t: torch.Tensor) -> None:
-    """Raise :class:`UnfingerprintableError` when ``t``'s bytes cannot be read."""
+def _check_readable(t: torch.Tensor) -> None:
+    """Raise :class:`UnfingerprintableError` when :func:`fingerprint` cannot read ``t`` at all."""
     if t.device.type == "meta":
         raise UnfingerprintableError("cannot fingerprint a meta tensor (it has no data)")
     if t.layout not in _PARTS and not getattr(t, "is_nested", False):
         raise UnfingerprintableError(f"cannot fingerprint a tensor with layout {t.layout} (no known way to "
                                      "read its bits); convert it with .to_dense() first")
+
+
+def check_fingerprintable(t: torch.Tensor) -> None:
+    """Raise :class:`UnfingerprintableError` unless ``t``'s bytes can be read directly from its own storage.
+
+    For callers that key caches on storage (the op tracer): sparse, nested and meta tensors have no single
+    storage to read. :func:`fingerprint` itself reads sparse and nested tensors through their parts.
+    """
+    _check_readable(t)
+    if t.layout in _DIRECT_LAYOUTS and not getattr(t, "is_nested", False):
+        return
+    kind = "a nested tensor" if getattr(t, "is_nested", False) else f"a tensor with layout {t.layout}"
+    raise UnfingerprintableError(f"{kind} has no single storage to read directly (fingerprint() reads it "
+                                 "through its parts)")
 
 
 def _sparse_coo_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
@@ -110,6 +124,7 @@ _PARTS = {  # layout -> (header detail, the dense tensors that hold the bits); s
     torch.sparse_bsc: _compressed_parts,
     torch._mkldnn: lambda t: ("", [t.to_dense()]),  # type: ignore[attr-defined]
 }
+_DIRECT_LAYOUTS = {torch.strided}
 
 
 def _quantized_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
@@ -122,7 +137,7 @@ def _quantized_parts(t: torch.Tensor) -> tuple[str, list[torch.Tensor]]:
 
 def _composite(t: torch.Tensor) -> tuple[str, list[torch.Tensor]] | None:
     """For a tensor that is not a plain strided array: a header and the dense tensors holding its bits."""
-    check_fingerprintable(t)
+    _check_readable(t)
     if getattr(t, "is_nested", False):
         parts = list(t.detach().unbind())
         return f"nested|{t.layout}|{t.dtype}|{len(parts)}", parts
