@@ -433,7 +433,7 @@ def _child_main(argv: list[str]) -> int:
     finally:
         if recorder is not None:
             summary = recorder.finish()
-            summary["stopped_at_max_steps"] = stopped
+            summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
             summary["environment"] = environment_summary()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()
