@@ -1,0 +1,155 @@
+"""The unit of the linter: a :class:`Rule` (code, documentation, check) and what a check produces."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar
+
+from . import knowledge as K
+from .flow import DRAW, Summary, Walker, classify_call
+from .module import Module, Scope
+from .project import Project
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    """One finding, positioned with 1-based line and column (columns count characters)."""
+
+    path: str
+    line: int
+    column: int
+    code: str
+    message: str
+    help: str = ""
+    end_line: int = 0
+    end_column: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message, "help": self.help, "path": self.path,
+                "line": self.line, "column": self.column, "end_line": self.end_line or self.line,
+                "end_column": self.end_column or self.column}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a check yields: the node to point at, the message, and a help line when it differs from the rule's."""
+
+    node: ast.AST
+    message: str
+    help: str = ""
+
+
+class Rule:
+    """A rule: a stable ``code``, a kebab-case ``name``, its documentation, and :meth:`check`.
+
+    ``what``, ``why``, ``example`` and ``instead`` are the documentation printed by ``torchrepro rule CODE``;
+    ``help`` is the one-line fix printed under each finding. A rule whose ``program`` flag is set runs only on
+    programs (modules with an entry point); the others run on every module.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    family: ClassVar[str]
+    summary: ClassVar[str]
+    what: ClassVar[str]
+    why: ClassVar[str]
+    example: ClassVar[str]
+    instead: ClassVar[str]
+    help: ClassVar[str]
+    program: ClassVar[bool] = False
+
+    def check(self, ctx: Context) -> Iterator[Finding]:
+        return iter(())
+
+    @classmethod
+    def documentation(cls) -> str:
+        def block(text: str) -> str:
+            return textwrap.indent(textwrap.dedent(text).strip("\n"), "    ")
+
+        return (f"{cls.code} {cls.name} ({cls.family})\n\n{cls.summary}\n\n"
+                f"What it finds\n{block(cls.what)}\n\nWhy it matters\n{block(cls.why)}\n\n"
+                f"Example\n{block(cls.example)}\n\nUse instead\n{block(cls.instead)}\n\nFix: {cls.help}\n")
+
+    @classmethod
+    def as_dict(cls) -> dict[str, str]:
+        clean = textwrap.dedent
+        return {"code": cls.code, "name": cls.name, "family": cls.family, "summary": cls.summary,
+                "what": clean(cls.what).strip(), "why": clean(cls.why).strip(),
+                "example": clean(cls.example).strip("\n"), "instead": clean(cls.instead).strip("\n"),
+                "help": cls.help}
+
+
+class Context:
+    """What a check sees: the module, the project around it, and facts computed once and shared by rules."""
+
+    def __init__(self, module: Module, project: Project, walker: Walker, programs: list[Module],
+                 more_programs: Callable[[Module], list[Module]] | None = None) -> None:
+        self.module = module
+        self.project = project
+        self.walker = walker
+        self.programs = programs  # every linted module that is a program
+        self._more_programs = more_programs
+
+    @cached_property
+    def summary(self) -> Summary:
+        """Events on the path from this module's entry point (its top level)."""
+        return self.walker.program(self.module)
+
+    @cached_property
+    def is_program(self) -> bool:
+        """A module with ``if __name__ == "__main__":``, or a script whose top level seeds or draws."""
+        if self.module.main_guard is not None:
+            return True
+        return any(event.kind in ("seed", "draw", "model") for event in self.summary.events)
+
+    @cached_property
+    def dataset_scopes(self) -> frozenset[int]:
+        """ids of the scopes inside Dataset subclasses (their randomness runs in worker processes)."""
+        out = set()
+        for scope in self.module.all_scopes:
+            if scope.kind == "class" and scope.owner is not None and self.project.derives_from(
+                    scope.owner, K.DATASET_BASES):
+                out.add(id(scope))
+        return frozenset(out)
+
+    def in_dataset(self, scope: Scope) -> bool:
+        datasets = self.dataset_scopes
+        while scope is not None:
+            if id(scope) in datasets:
+                return True
+            scope = scope.parent
+        return False
+
+    @cached_property
+    def draws(self) -> dict[str, list[tuple[ast.Call, str]]]:
+        """Every call in this module that draws from a global generator, by library (outside Dataset classes)."""
+        out: dict[str, list[tuple[ast.Call, str]]] = {lib: [] for lib in K.LIBS}
+        module = self.module
+        for call, scope in module.calls:
+            qual = module.qual(call.func)
+            if qual is None and call.func.__class__ is not ast.Attribute:
+                continue
+            for kind, lib, detail in classify_call(module, scope, call, qual):
+                if kind == DRAW and lib is not None and not self.in_dataset(scope):
+                    out[lib].append((call, detail))
+        return out
+
+    @cached_property
+    def _importers(self) -> list[Module]:
+        me = self.module.path.resolve()
+        found = [p for p in self.programs if p is not self.module and me in self.project.imported_files(p)]
+        if not found and self._more_programs is not None:
+            found = self._more_programs(self.module)
+        return found
+
+    def importing_programs(self) -> list[Module]:
+        """The programs that import this module (directly or through other project modules): the linted ones,
+        else the programs found in the module's project."""
+        return self._importers
+
+    def line_of(self, node: ast.AST) -> int:
+        return getattr(node, "lineno", 1)

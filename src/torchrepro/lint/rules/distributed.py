@@ -1,0 +1,154 @@
+"""Distributed training: samplers that reshuffle identically every epoch, and one data seed shared by all ranks."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from .. import knowledge as K
+from ..calls import argument, has_splat, is_false, is_true
+from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED, classify_call
+from ..module import Module, dotted
+from ..rule import Context, Finding, Rule
+
+
+def _module_has(ctx: Context, kind: str) -> bool:
+    """Whether a call in the module, or on the path from its entry point, causes an event of ``kind``."""
+    module = ctx.module
+    for call, scope in module.calls:
+        if any(k == kind for k, _l, _d in classify_call(module, scope, call, module.qual(call.func))):
+            return True
+    return ctx.is_program and ctx.summary.has(kind)
+
+
+class SamplerWithoutSetEpoch(Rule):
+    code = "TR401"
+    name = "sampler-without-set-epoch"
+    family = "distributed"
+    summary = "A shuffling `DistributedSampler` whose `set_epoch` is never called."
+    what = """
+        `DistributedSampler(...)` (shuffling, the default) in a module where no `.set_epoch(...)` call exists —
+        neither in the module, nor on the path from its entry point, nor in a linted program that imports it —
+        and no framework that calls it for you (Lightning, Hugging Face `Trainer`, Accelerate) is used.
+        """
+    why = """
+        The sampler shuffles with `seed + epoch`. Without `set_epoch(epoch)` the epoch stays 0, so every epoch
+        visits the data in exactly the same order, which hurts training and differs from what a resumed or
+        single-process run does.
+        """
+    example = """
+        sampler = DistributedSampler(train_set)                    # TR401
+        for epoch in range(epochs):
+            for batch in DataLoader(train_set, sampler=sampler): ...
+        """
+    instead = """
+        sampler = DistributedSampler(train_set, seed=seed)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for batch in DataLoader(train_set, sampler=sampler): ...
+        """
+    help = "call sampler.set_epoch(epoch) at the start of every epoch"
+
+    def check(self, ctx: Context) -> Iterator[Finding]:
+        module = ctx.module
+        samplers = [call for call, _scope in module.calls if module.qual(call.func) == K.DISTRIBUTED_SAMPLER
+                    and not is_false(argument(call, 3, ("shuffle",)))]
+        if not samplers or _module_has(ctx, SET_EPOCH) or _module_has(ctx, SHARDED):
+            return
+        for program in ctx.importing_programs():
+            program_ctx = Context(program, ctx.project, ctx.walker, ctx.programs)
+            if _module_has(program_ctx, SET_EPOCH) or _module_has(program_ctx, SHARDED):
+                return
+        for call in samplers:
+            yield Finding(call, "DistributedSampler shuffles with seed + epoch, but set_epoch() is never called: "
+                                "every epoch repeats the same order")
+
+
+def _generator_seeds(module: Module, expr: ast.AST) -> list[ast.expr] | None:
+    """The seed values given to a generator expression (``torch.Generator().manual_seed(s)`` or a name later
+    seeded); an empty list for a generator never seeded; None when unknown."""
+    if expr.__class__ is ast.Call:
+        func = expr.func
+        if func.__class__ is ast.Attribute and func.attr == "manual_seed":
+            seed = argument(expr, 0, ("seed",))
+            return [seed] if seed is not None else None
+        if module.qual(func) == K.TORCH_GENERATOR:
+            return []
+        return None
+    name = dotted(expr)
+    if name is None:
+        return None
+    seeds = []
+    for call, _scope in module.calls:
+        func = call.func
+        if func.__class__ is ast.Attribute and func.attr == "manual_seed" and dotted(func.value) == name:
+            seed = argument(call, 0, ("seed",))
+            if seed is None:
+                return None
+            seeds.append(seed)
+    return seeds or None
+
+
+def _mentions_rank(expr: ast.AST) -> bool:
+    for node in ast.walk(expr):
+        word = node.id if node.__class__ is ast.Name else node.attr if node.__class__ is ast.Attribute else (
+            node.value if node.__class__ is ast.Constant and isinstance(node.value, str) else "")
+        if isinstance(word, str) and any(w in word.lower() for w in K.RANK_WORDS):
+            return True
+    return False
+
+
+class SameDataSeedOnEveryRank(Rule):
+    code = "TR402"
+    name = "same-data-seed-on-every-rank"
+    family = "distributed"
+    summary = "In a distributed program, every rank shuffles the whole dataset with the same seed."
+    what = """
+        A module that starts distributed training (`init_process_group`, `DistributedDataParallel`, FSDP,
+        `deepspeed.initialize`) and builds a shuffling `DataLoader` without a sampler, whose order comes from a
+        seed that does not involve the rank: a `generator=` seeded with a rank-independent value (or not at
+        all), or torch's global generator seeded with a rank-independent value. Programs that use
+        Lightning, Accelerate or Hugging Face `Trainer` (which shard loaders themselves) are not reported.
+        """
+    why = """
+        With the same seed, every rank draws the same permutation of the whole dataset, so all ranks train on
+        identical batches: the effective batch is one rank's, and an epoch is not what the code assumes.
+        """
+    example = """
+        dist.init_process_group("nccl")
+        torch.manual_seed(seed)
+        loader = DataLoader(train_set, batch_size=64, shuffle=True)               # TR402
+        """
+    instead = """
+        sampler = DistributedSampler(train_set, shuffle=True, seed=seed)          # one shard per rank
+        loader = DataLoader(train_set, batch_size=64, sampler=sampler)
+        """
+    help = "shard the data with sampler=DistributedSampler(dataset, seed=seed) (and call set_epoch each epoch)"
+
+    def check(self, ctx: Context) -> Iterator[Finding]:
+        module = ctx.module
+        if not _module_has(ctx, DIST) or _module_has(ctx, SHARDED):
+            return
+        for call, _scope in module.calls:
+            if module.qual(call.func) != K.DATALOADER or has_splat(call):
+                continue
+            if not is_true(argument(call, K.LOADER_SHUFFLE, ("shuffle",))):
+                continue
+            if argument(call, K.LOADER_SAMPLER, ("sampler",)) is not None or argument(
+                    call, K.LOADER_BATCH_SAMPLER, ("batch_sampler",)) is not None:
+                continue
+            generator = argument(call, K.LOADER_GENERATOR, ("generator",))
+            if generator is not None:
+                seeds = _generator_seeds(module, generator)
+                if seeds is None or any(_mentions_rank(s) for s in seeds):
+                    continue
+                source = "its generator's seed" if seeds else "its unseeded generator (a fixed default seed)"
+            else:
+                if not ctx.is_program or not ctx.summary.has(SEED, K.TORCH) or ctx.summary.has(RANK_SEED):
+                    continue
+                source = "torch's global seed"
+            yield Finding(call, f"every rank shuffles the whole dataset with the same seed ({source} does not "
+                                "depend on the rank), so all ranks train on the same batches")
+
+
+RULES = (SamplerWithoutSetEpoch, SameDataSeedOnEveryRank)
