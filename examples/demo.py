@@ -21,6 +21,7 @@ def check(*flags: str) -> int:
 
 
 def main() -> int:
+    Path("demo-out").mkdir(exist_ok=True)
     first = check("--locate")
     second = check("--deterministic")
     verdict = {0: "identical", 1: "diverged"}
