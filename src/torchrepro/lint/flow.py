@@ -111,18 +111,10 @@ def mentions_cuda(module: Module, scope: Scope, expr: ast.AST | None, depth: int
         if node.__class__ is ast.Constant and isinstance(node.value, str) and node.value.startswith("cuda"):
             return True
         if node.__class__ is ast.Name and depth < 2:
-            for value_expr in _local_values(scope, node.id):
+            for value_expr in scope.values_of(node.id):
                 if mentions_cuda(module, scope, value_expr, depth + 1):
                     return True
     return False
-
-
-def _local_values(scope: Scope | None, name: str) -> list[ast.expr]:
-    while scope is not None:
-        if name in scope.assigns:
-            return scope.assigns[name]
-        scope = scope.parent
-    return []
 
 
 def classify_call(module: Module, scope: Scope, call: ast.Call, qual: str | None) -> Iterator[tuple[str, str | None,
@@ -391,7 +383,7 @@ class Walker:
             found = self.project.resolve_expr(module, scope, expr.func)
             return found if isinstance(found, ClassInfo) else None
         if expr.__class__ is ast.Name:
-            for value in reversed(_local_values(scope, expr.id)):
+            for value in reversed(scope.values_of(expr.id)):
                 if value.__class__ is ast.Call:
                     found = self.project.resolve_expr(module, scope, value.func)
                     if isinstance(found, ClassInfo):

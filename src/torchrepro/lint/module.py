@@ -40,6 +40,16 @@ class Scope:
     def name(self) -> str:
         return getattr(self.node, "name", "<lambda>" if self.kind == "lambda" else "<module>")
 
+    def values_of(self, name: str) -> list[ast.expr]:
+        """The values assigned to local ``name`` in the nearest scope (this one or an enclosing one) that
+        assigns it."""
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope.assigns:
+                return scope.assigns[name]
+            scope = scope.parent
+        return []
+
     def lookup_def(self, name: str) -> Scope | ClassInfo | None:
         """The function or class called ``name`` visible from this scope (enclosing scopes, then the module)."""
         scope: Scope | None = self
@@ -95,18 +105,12 @@ class Module:
     def qual(self, expr: ast.AST) -> str | None:
         """The normalised qualified name of ``a.b.c`` when ``a`` is imported (``np.random.seed`` ->
         ``numpy.random.seed``), else None."""
-        parts = []
-        while expr.__class__ is ast.Attribute:
-            parts.append(expr.attr)
-            expr = expr.value
-        if expr.__class__ is not ast.Name:
-            return None
-        base = self.imports.get(expr.id)
+        name, attrs = _chain(expr)
+        base = self.imports.get(name) if name else None
         if base is None:
             return None
-        if parts:
-            parts.reverse()
-            base = base + "." + ".".join(parts)
+        if attrs:
+            base = base + "." + ".".join(attrs)
         return normalise(base) if base[0] != "." else base
 
     def is_builtin(self, func: ast.AST, name: str) -> bool:
@@ -138,17 +142,20 @@ class Module:
         return parent
 
 
+def _chain(expr: ast.AST) -> tuple[str | None, list[str]]:
+    """``("a", ["b", "c"])`` for ``a.b.c``; ``(None, ...)`` when the chain does not start at a name."""
+    attrs = []
+    while expr.__class__ is ast.Attribute:
+        attrs.append(expr.attr)
+        expr = expr.value
+    attrs.reverse()
+    return (expr.id if expr.__class__ is ast.Name else None), attrs
+
+
 def dotted(expr: ast.AST) -> str | None:
     """``a.b.c`` for a chain of attributes on a name, else None."""
-    parts = []
-    while expr.__class__ is ast.Attribute:
-        parts.append(expr.attr)
-        expr = expr.value
-    if expr.__class__ is not ast.Name:
-        return None
-    parts.append(expr.id)
-    parts.reverse()
-    return ".".join(parts)
+    name, attrs = _chain(expr)
+    return ".".join([name, *attrs]) if name else None
 
 
 def _is_main_test(test: ast.AST) -> bool:

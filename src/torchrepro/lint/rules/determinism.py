@@ -13,12 +13,19 @@ from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
 
 
-def _cudnn_flag_stores(module: Module, attr: str) -> Iterator[ast.Assign]:
+def _cudnn_settings(module: Module, attr: str, wanted: Callable[[ast.AST | None], bool],
+                    callers: frozenset[str]) -> Iterator[tuple[ast.AST, str]]:
+    """``cudnn.<attr> = value`` stores and ``caller(<attr>=value)`` calls with a ``wanted`` value, each with how it
+    is written (``cudnn.benchmark = True``, ``Trainer(benchmark=True)``)."""
     for node, _scope in module.stores:
-        if node.__class__ is ast.Assign:
+        if node.__class__ is ast.Assign and wanted(node.value):
             for target in node.targets:
                 if target.__class__ is ast.Attribute and target.attr == attr and module.qual(target.value) == K.CUDNN:
-                    yield node
+                    yield node, f"cudnn.{attr} = {ast.unparse(node.value)}"
+    for call, _scope in module.calls:
+        qual = module.qual(call.func)
+        if qual in callers and wanted(value := argument(call, None, (attr,))):
+            yield call, f"{qual.rpartition('.')[2]}({attr}={ast.unparse(value)})"
 
 
 class CudnnBenchmark(Rule):
@@ -45,16 +52,10 @@ class CudnnBenchmark(Rule):
     help = "set torch.backends.cudnn.benchmark = False when runs must be comparable"
 
     def check(self, ctx: Context) -> Iterator[Finding]:
-        module = ctx.module
-        for node in _cudnn_flag_stores(module, "benchmark"):
-            if is_true(node.value):
-                yield Finding(node, "cudnn.benchmark = True picks convolution algorithms by timing, which can pick "
-                                    "different (differently rounding) algorithms in different runs")
-        for call, _scope in module.calls:
-            qual = module.qual(call.func)
-            if qual in (K.LIGHTNING_TRAINER, K.CUDNN + ".flags") and is_true(argument(call, None, ("benchmark",))):
-                yield Finding(call, f"{qual.rpartition('.')[2]}(benchmark=True) lets cuDNN pick convolution "
-                                    "algorithms by timing, which can differ between runs")
+        callers = frozenset({K.LIGHTNING_TRAINER, K.CUDNN + ".flags"})
+        for node, written in _cudnn_settings(ctx.module, "benchmark", is_true, callers):
+            yield Finding(node, f"{written} picks convolution algorithms by timing, which can pick different "
+                                "(differently rounding) algorithms in different runs")
 
 
 class CudnnNondeterministic(Rule):
@@ -80,14 +81,9 @@ class CudnnNondeterministic(Rule):
     help = "set torch.backends.cudnn.deterministic = True (or enable torch.use_deterministic_algorithms(True))"
 
     def check(self, ctx: Context) -> Iterator[Finding]:
-        module = ctx.module
-        for node in _cudnn_flag_stores(module, "deterministic"):
-            if is_false(node.value):
-                yield Finding(node, "cudnn.deterministic = False lets cuDNN use convolution algorithms whose "
-                                    "results differ from run to run")
-        for call, _scope in module.calls:
-            if module.qual(call.func) == K.CUDNN + ".flags" and is_false(argument(call, None, ("deterministic",))):
-                yield Finding(call, "cudnn.flags(deterministic=False) lets cuDNN use nondeterministic algorithms")
+        for node, written in _cudnn_settings(ctx.module, "deterministic", is_false, frozenset({K.CUDNN + ".flags"})):
+            yield Finding(node, f"{written} lets cuDNN use convolution algorithms whose results differ from run to "
+                                "run")
 
 
 # --- TR203: ops that are nondeterministic on CUDA --------------------------------------------------------------------

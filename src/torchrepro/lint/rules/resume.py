@@ -29,7 +29,7 @@ def _entries(module: Module, scope: Scope, expr: ast.AST | None) -> list[tuple[s
             return None
         return [(kw.arg, kw.value) for kw in expr.keywords]
     if expr.__class__ is ast.Name:
-        values = _bound(scope, expr.id)
+        values = scope.values_of(expr.id)
         if not values:
             return None
         out = _entries(module, scope, values[-1])
@@ -37,14 +37,6 @@ def _entries(module: Module, scope: Scope, expr: ast.AST | None) -> list[tuple[s
             return None
         return out + _added(module, scope, expr.id)
     return None
-
-
-def _bound(scope: Scope | None, name: str) -> list[ast.expr]:
-    while scope is not None:
-        if name in scope.assigns:
-            return scope.assigns[name]
-        scope = scope.parent
-    return []
 
 
 def _added(module: Module, scope: Scope, name: str) -> list[tuple[str, ast.AST]]:

@@ -295,12 +295,7 @@ def _is_torch_generator(module: Module, scope: Scope, expr: ast.AST) -> bool:
     if expr.__class__ is ast.Call:
         return module.qual(expr.func) == K.TORCH_GENERATOR
     if expr.__class__ is ast.Name:
-        s: Scope | None = scope
-        while s is not None:
-            for value in s.assigns.get(expr.id, ()):
-                if _is_torch_generator(module, s, value):
-                    return True
-            s = s.parent
+        return any(_is_torch_generator(module, scope, value) for value in scope.values_of(expr.id))
     return False
 
 
@@ -318,16 +313,10 @@ def _entropy_source(module: Module, scope: Scope, expr: ast.AST, depth: int) -> 
             if module.is_builtin(node.func, "hash") and node.args and _stringy(node.args[0]):
                 return "hash() of a str, which is randomised per process unless PYTHONHASHSEED is set"
         elif cls is ast.Name and depth < 3:
-            s: Scope | None = scope
-            while s is not None:
-                values = s.assigns.get(node.id)
-                if values:
-                    for value in values:
-                        source = _entropy_source(module, s, value, depth + 1)
-                        if source:
-                            return source
-                    break
-                s = s.parent
+            for value in scope.values_of(node.id):
+                source = _entropy_source(module, scope, value, depth + 1)
+                if source:
+                    return source
     return ""
 
 
