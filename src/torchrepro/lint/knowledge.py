@@ -100,8 +100,6 @@ RNG_CONSTRUCTORS: dict[str, tuple[int, tuple[str, ...]]] = {
     "random.Random": (0, ("x",)),
 }
 TORCH_GENERATOR = "torch.Generator"
-# Methods that give a torch.Generator (or any generator object) a state.
-GENERATOR_SEEDING_METHODS = frozenset({"manual_seed", "set_state", "seed"})
 
 # Sources of a seed that differ from run to run.
 NONDETERMINISTIC_SOURCES: dict[str, str] = {

@@ -111,9 +111,10 @@ def _lightning_seeds_workers(module: Module) -> bool:
 # --- orders that change between runs --------------------------------------------------------------------------------
 _ORDER_FREE = frozenset({"sorted", "len", "set", "frozenset", "sum", "max", "min", "any", "all", "bool", "print",
                          "isinstance", "Counter", "collections.Counter", "numpy.sort", "heapq.nsmallest",
-                         "heapq.nlargest"})
-_PASS_THROUGH = frozenset({"list", "tuple", "filter", "map", "reversed", "iter", "dict.fromkeys"})
-_INDEXING = frozenset({"enumerate", "zip", "next"})  # the position of an element becomes data
+                         "heapq.nlargest", "os.path.exists", "os.remove", "os.unlink", "shutil.rmtree"})
+_MATERIALISE = frozenset({"list", "tuple", "numpy.array", "numpy.asarray", "torch.tensor", "torch.as_tensor"})
+_PASS_THROUGH = frozenset({"filter", "map", "reversed", "iter"})
+_INDEXING = frozenset({"enumerate", "zip", "next"})
 _ORDER_FREE_METHODS = frozenset({"sort", "count", "issubset", "issuperset", "isdisjoint", "add", "remove",
                                  "discard", "update", "clear", "intersection_update", "difference_update",
                                  "__contains__"})
@@ -122,10 +123,14 @@ _ACCUMULATE = frozenset({"append", "extend", "insert", "appendleft", "write", "w
 
 
 class _Orders:
-    """Finds where the iteration order of a value becomes observable (a list, an index, a file, a sample)."""
+    """Finds where the iteration order of a value becomes data: a list or index built from it, a loop that
+    appends or yields in that order, a function it is passed to. ``sink`` returns that node, or None when the
+    order is discarded (sorted, counted, used as a set, for membership)."""
 
-    def __init__(self, module: Module, scope: Scope) -> None:
-        self.m, self.scope = module, scope
+    def __init__(self, module: Module, scope: Scope, *, ordered: bool) -> None:
+        # ordered: the value is a list (a listing) whose order travels with it wherever it goes; otherwise a set,
+        # which has no order until something iterates it.
+        self.m, self.scope, self.ordered = module, scope, ordered
 
     def sink(self, node: ast.AST, depth: int = 0) -> ast.AST | None:
         if depth > 6:
@@ -134,32 +139,28 @@ class _Orders:
         parent = m.parents.get(node)
         cls = parent.__class__
         if cls is ast.Call:
-            if node is parent.func:
-                return None
-            return self._argument(parent, node, depth)
+            return None if node is parent.func else self._argument(parent, depth)
         if cls is ast.keyword:
             call = m.parents.get(parent)
             return call if call.__class__ is ast.Call and self._name(call) not in _ORDER_FREE else None
         if cls is ast.Attribute:
             call = m.parents.get(parent)
-            if call.__class__ is not ast.Call or call.func is not parent:
+            if call.__class__ is not ast.Call or call.func is not parent or parent.attr in _ORDER_FREE_METHODS:
                 return None
-            if parent.attr in _ORDER_FREE_METHODS:
-                return None
-            if parent.attr in _SET_METHODS:
-                return self.sink(call, depth + 1)
-            return call
+            return self.sink(call, depth + 1) if parent.attr in _SET_METHODS else call
         if cls is ast.comprehension:
             comp = m.parents.get(parent)
             if comp.__class__ is ast.SetComp or node is not parent.iter:
                 return None
-            return self.sink(comp, depth + 1)
+            if comp.__class__ is ast.GeneratorExp:
+                return self.sink(comp, depth + 1)
+            return None if self.discarded(comp) else comp
         if cls in (ast.For, ast.AsyncFor):
             return parent if node is parent.iter and self.loop_orders(parent) else None
         if cls in (ast.Assign, ast.AnnAssign):
             return self._stored(parent, depth)
         if cls in (ast.Return, ast.Yield, ast.YieldFrom, ast.Subscript):
-            return parent
+            return parent if self.ordered else None
         if cls in (ast.BinOp, ast.Starred, ast.List, ast.Tuple, ast.IfExp):
             return self.sink(parent, depth + 1)
         return None
@@ -170,13 +171,28 @@ class _Orders:
             return func.id
         return self.m.qual(func) or dotted(func) or ""
 
-    def _argument(self, call: ast.Call, node: ast.AST, depth: int) -> ast.AST | None:
+    def _argument(self, call: ast.Call, depth: int) -> ast.AST | None:
         name = self._name(call)
         if name in _ORDER_FREE:
             return None
         if name in _PASS_THROUGH:
             return self.sink(call, depth + 1)
-        return call
+        if name in _MATERIALISE:
+            return None if self.discarded(call) else call
+        if self.ordered or name in _INDEXING or name.startswith(("random.", "numpy.random.")) or (
+                name.endswith(".join") or call.func.__class__ is ast.Attribute and call.func.attr == "join"):
+            return call  # enumerate, zip, join, sampling, a Dataset built from a listing: the order becomes data
+        return None  # a set passed to an unknown function (perhaps only for membership)
+
+    def discarded(self, node: ast.AST) -> bool:
+        """Whether a list built from the value loses its order: sorted, counted, or stored and sorted later."""
+        parent = self.m.parents.get(node)
+        if parent.__class__ is ast.Call and node is not parent.func:
+            return self._name(parent) in _ORDER_FREE
+        if parent.__class__ in (ast.Assign, ast.AnnAssign):
+            targets = parent.targets if parent.__class__ is ast.Assign else [parent.target]
+            return len(targets) == 1 and self.sorted_later(dotted(targets[0]))
+        return False
 
     def _stored(self, assign: ast.Assign | ast.AnnAssign, depth: int) -> ast.AST | None:
         targets = assign.targets if assign.__class__ is ast.Assign else [assign.target]
@@ -184,21 +200,24 @@ class _Orders:
             return None
         target = targets[0]
         name = dotted(target)
-        if name is None:
-            return None
-        if self.sorted_later(name):
+        if name is None or self.sorted_later(name):
             return None
         if target.__class__ is not ast.Name:
-            return assign  # stored on an object (self.files = ...) for later use
+            return assign if self.ordered else None  # a listing stored on an object (self.files = ...)
         for use in _loads(self.scope.node, target.id):
             found = self.sink(use, depth + 1)
             if found is not None:
                 return found
         return None
 
-    def sorted_later(self, name: str) -> bool:
-        """Whether ``name`` is sorted somewhere in the module (``name.sort()``, ``sorted(name)``)."""
-        for call, _scope in self.m.calls:
+    def sorted_later(self, name: str | None) -> bool:
+        """Whether ``name`` is sorted (``name.sort()``, ``sorted(name)``): in this scope for a local name, in
+        the module for an attribute (``self.files``)."""
+        if name is None:
+            return False
+        calls = (c for c, _s in self.m.calls) if "." in name else (
+            i for i in self.scope.items if i.__class__ is ast.Call)
+        for call in calls:
             func = call.func
             if func.__class__ is ast.Attribute and func.attr == "sort" and dotted(func.value) == name:
                 return True
@@ -297,11 +316,12 @@ class SetIterationOrder(Rule):
         for node, scope in sources:
             if _numeric_set(module, node):
                 continue
-            sink = _Orders(module, scope).sink(node)
+            sink = _Orders(module, scope, ordered=False).sink(node)
             if sink is not None and id(sink) not in seen:
                 seen.add(id(sink))
-                yield Finding(sink, f"the order of a set (built at line {node.lineno}) becomes data here; it changes "
-                                    "between runs for str elements (hash randomisation) and id-hashed objects")
+                built = "" if node.lineno == sink.lineno else f" (built at line {node.lineno})"
+                yield Finding(sink, f"the order of a set{built} becomes data here; it changes between runs for str "
+                                    "elements (hash randomisation) and id-hashed objects")
 
 
 _LISTINGS = {"os.listdir": "os.listdir", "os.scandir": "os.scandir", "glob.glob": "glob.glob",
@@ -349,13 +369,13 @@ class UnsortedListing(Rule):
                 label = f"Path.{func.attr}"
             if label is None:
                 continue
-            if _Orders(module, scope).sink(call) is not None:
+            if _Orders(module, scope, ordered=True).sink(call) is not None:
                 yield Finding(call, f"{label} returns entries in file-system order, which differs between machines "
                                     "and copies of the data; this order is used without sorting")
 
 
 def _walk_unsorted(module: Module, scope: Scope, loop: ast.For) -> bool:
-    orders = _Orders(module, scope)
+    orders = _Orders(module, scope, ordered=True)
     if not orders.loop_orders(loop):
         return False
     target = loop.target

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from .. import knowledge as K
 from ..calls import argument, has_splat, is_false, is_true
 from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED, classify_call
-from ..module import Module, dotted
+from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
 
 
@@ -64,9 +64,9 @@ class SamplerWithoutSetEpoch(Rule):
                                 "every epoch repeats the same order")
 
 
-def _generator_seeds(module: Module, expr: ast.AST) -> list[ast.expr] | None:
-    """The seed values given to a generator expression (``torch.Generator().manual_seed(s)`` or a name later
-    seeded); an empty list for a generator never seeded; None when unknown."""
+def _generator_seeds(module: Module, scope: Scope, expr: ast.AST, depth: int = 0) -> list[ast.expr] | None:
+    """The seed values given to a generator expression (``torch.Generator().manual_seed(s)``, or a name bound
+    to one or seeded later); an empty list for a generator never seeded; None when unknown."""
     if expr.__class__ is ast.Call:
         func = expr.func
         if func.__class__ is ast.Attribute and func.attr == "manual_seed":
@@ -78,7 +78,13 @@ def _generator_seeds(module: Module, expr: ast.AST) -> list[ast.expr] | None:
     name = dotted(expr)
     if name is None:
         return None
-    seeds = []
+    seeds: list[ast.expr] = []
+    if expr.__class__ is ast.Name and depth < 2:
+        for value in scope.values_of(expr.id):
+            found = _generator_seeds(module, scope, value, depth + 1)
+            if found is None:
+                return None
+            seeds.extend(found)
     for call, _scope in module.calls:
         func = call.func
         if func.__class__ is ast.Attribute and func.attr == "manual_seed" and dotted(func.value) == name:
@@ -129,7 +135,7 @@ class SameDataSeedOnEveryRank(Rule):
         module = ctx.module
         if not _module_has(ctx, DIST) or _module_has(ctx, SHARDED):
             return
-        for call, _scope in module.calls:
+        for call, scope in module.calls:
             if module.qual(call.func) != K.DATALOADER or has_splat(call):
                 continue
             if not is_true(argument(call, K.LOADER_SHUFFLE, ("shuffle",))):
@@ -139,7 +145,7 @@ class SameDataSeedOnEveryRank(Rule):
                 continue
             generator = argument(call, K.LOADER_GENERATOR, ("generator",))
             if generator is not None:
-                seeds = _generator_seeds(module, generator)
+                seeds = _generator_seeds(module, scope, generator)
                 if seeds is None or any(_mentions_rank(s) for s in seeds):
                     continue
                 source = "its generator's seed" if seeds else "its unseeded generator (a fixed default seed)"

@@ -90,19 +90,19 @@ def _classify(module: Module, key: str, value: ast.AST) -> set[str]:
     return kinds
 
 
-def _saved_state(module: Module, call: ast.Call) -> ast.AST | None:
-    """The object a save call writes: ``torch.save(obj, f)``, ``fabric.save(path, state)``,
-    ``save_checkpoint(state, ...)``."""
+def _saved_entries(module: Module, scope: Scope, call: ast.Call) -> list[tuple[str, ast.AST]] | None:
+    """The entries of the dict a save call writes: ``torch.save(obj, f)``, ``fabric.save(path, state)``,
+    ``save_checkpoint(state, ...)`` (the first argument whose contents are known)."""
     qual = module.qual(call.func)
     if qual in K.SAVE_CALLS:
-        return argument(call, 0, ("obj",))
+        return _entries(module, scope, argument(call, 0, ("obj",)))
     name = (qual or dotted(call.func) or "").rpartition(".")[2].lower()
     if "save" not in name or (qual or "").startswith(("torch.", "numpy.", "json.", "pickle.")):
         return None
-    candidates = [*call.args, *(kw.value for kw in call.keywords if kw.arg in ("state", "checkpoint", "obj"))]
-    for arg in candidates:
-        if arg.__class__ in (ast.Dict, ast.Name) or (arg.__class__ is ast.Call and module.is_builtin(arg.func, "dict")):
-            return arg
+    for arg in (*call.args, *(kw.value for kw in call.keywords if kw.arg in ("state", "checkpoint", "obj"))):
+        found = _entries(module, scope, arg)
+        if found:
+            return found
     return None
 
 
@@ -134,8 +134,7 @@ class CheckpointWithoutRngState(Rule):
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
         for call, scope in module.calls:
-            state = _saved_state(module, call)
-            entries = _entries(module, scope, state) if state is not None else None
+            entries = _saved_entries(module, scope, call)
             if not entries:
                 continue
             kinds: set[str] = set()

@@ -153,19 +153,21 @@ class SeedAfterDraw(Rule):
             if seed is None or draw is None or summary.position(draw) > summary.position(seed):
                 continue
             model = ctx.summary.first("model")
-            is_model = model is not None and model.chain == draw.chain
-            what = (f"the model is built here ({_describe(ctx.module, draw)}), so its initial weights are drawn"
-                    if is_model else f"{K.LIB_LABEL[lib]} draws random numbers here ({_describe(ctx.module, draw)})")
+            if model is not None and model.chain == draw.chain:
+                what = f"the model is built here ({_describe(ctx.module, model)}), so its initial weights are drawn"
+            else:
+                what = f"{K.LIB_LABEL[lib]} draws random numbers here ({_describe(ctx.module, draw)})"
             yield Finding(draw.site_in(ctx.module),
                           f"{what} before {K.LIB_LABEL[lib]} is seeded ({_seed_site(ctx, seed)}); the seed does not "
                           "cover them")
 
 
-def _generator_is_seeded(module: Module, call: ast.Call) -> bool:
-    """Whether ``torch.Generator(...)`` gets a seed: chained ``.manual_seed(...)``, or ``x.manual_seed(...)``
-    anywhere in the module on the name or attribute it is stored in."""
+def _generator_left_unseeded(module: Module, call: ast.Call) -> bool:
+    """Whether ``torch.Generator(...)`` is used without a seed: passed as an argument, or stored in a name or
+    attribute on which no ``.manual_seed(...)``/``.set_state(...)`` is called anywhere in the module. A chained
+    ``.manual_seed(...)`` seeds it; a returned generator may be seeded by the caller (not reported)."""
     parent = module.parents.get(call)
-    if parent.__class__ is ast.Attribute and parent.attr in K.GENERATOR_SEEDING_METHODS:
+    if parent.__class__ is ast.keyword or parent.__class__ is ast.Expr:
         return True
     if parent.__class__ in (ast.Assign, ast.AnnAssign):
         targets = parent.targets if parent.__class__ is ast.Assign else [parent.target]
@@ -174,7 +176,8 @@ def _generator_is_seeded(module: Module, call: ast.Call) -> bool:
             func = other.func
             if (func.__class__ is ast.Attribute and func.attr in ("manual_seed", "set_state")
                     and dotted(func.value) in names):
-                return True
+                return False
+        return bool(names)
     return False
 
 
@@ -211,7 +214,7 @@ class UnseededGenerator(Rule):
             if qual is None:
                 continue
             if qual == K.TORCH_GENERATOR:
-                if not _generator_is_seeded(module, call):
+                if _generator_left_unseeded(module, call):
                     yield Finding(call, "torch.Generator() is never given a seed: it starts from a fixed default "
                                         "seed that ignores yours, the same for every generator built this way",
                                   "seed it: torch.Generator().manual_seed(seed)")
@@ -277,13 +280,13 @@ class NondeterministicSeed(Rule):
                 continue
             elif qual in K.RNG_CONSTRUCTORS:
                 seed_expr = argument(call, *K.RNG_CONSTRUCTORS[qual])
-            elif attr in ("manual_seed", "seed_everything") or is_assumed_seeder(qual or dotted(func) or ""):
-                seed_expr = argument(call, 0, ("seed",))
             elif attr == "seed" and not call.args and not call.keywords and _is_torch_generator(module, scope,
                                                                                                func.value):
                 yield Finding(call, "Generator.seed() sets a nondeterministic seed taken from the OS, so every "
                                     "run differs")
                 continue
+            elif attr in ("manual_seed", "seed_everything") or is_assumed_seeder(qual or dotted(func) or ""):
+                seed_expr = argument(call, 0, ("seed",))
             if seed_expr is None:
                 continue
             source = _entropy_source(module, scope, seed_expr, 0)

@@ -60,10 +60,10 @@ class NullBytes(Rule):
         Python cannot compile source with null bytes, and the linter cannot analyse it.
         """
     example = """
-        b'x = 1\\x00'                                # TR003
+        b'x = 1\\x00'                                # TR003: the bytes of the file
         """
     instead = """
-        x = 1
+        b'x = 1\\n'                                  # the same code saved as UTF-8 text
         """
     help = "re-save the file as UTF-8 text (or exclude it)"
 

@@ -1,0 +1,5 @@
+import torch
+
+
+def main(:  # expect: TR001
+    pass

@@ -1,0 +1,3 @@
+import torch
+
+name = "café"  # expect: TR002

@@ -1,0 +1,29 @@
+"""TR105: seeds that differ in every run."""
+
+import datetime
+import os
+import random
+import time
+import uuid
+
+import numpy as np
+import torch
+from transformers import set_seed
+
+
+def main(args):
+    seed = int(time.time())
+    torch.manual_seed(seed)  # expect: TR105
+    np.random.seed(os.getpid())  # expect: TR105
+    random.seed()  # expect: TR105
+    np.random.seed(None)  # expect: TR105
+    torch.seed()  # expect: TR105
+    rng = np.random.default_rng(uuid.uuid4().int)  # expect: TR105
+    set_seed(hash(args.run_name) % 2**32)  # expect: TR105
+    random.seed(datetime.datetime.now().microsecond)  # expect: TR105
+    g = torch.Generator()
+    g.seed()  # expect: TR105
+    torch.manual_seed(hash((3, 4)))  # ok: hash of ints is the same in every run
+    torch.manual_seed(args.seed)  # ok
+    np.random.seed(torch.initial_seed() % 2**32)  # ok
+    return rng, g
