@@ -224,6 +224,12 @@ def draw_of(qual: str, call: ast.Call) -> tuple[str | None, str]:
     return None, ""
 
 
+def may_draw(qual: str) -> bool:
+    """Whether some call of ``qual`` draws from a global generator (depending on its arguments)."""
+    return (qual == K.DATALOADER or qual in K.ORDER_DRAWS or qual in K.RANDOM_DRAWS or qual in K.TORCH_DRAWS
+            or qual.startswith(("numpy.random.", K.TORCH_INIT_PREFIX)) or bool(model_of(qual)))
+
+
 def model_of(qual: str) -> str:
     """A description of the model built by calling ``qual`` ("" if it builds none)."""
     if qual.startswith("torch.nn.") and qual.count(".") == 2 and qual[9:] in K.RANDOM_INIT_LAYERS:

@@ -27,7 +27,19 @@ _PREFIXES = (
 _LIGHTNING_TOP = frozenset({"Trainer", "LightningModule", "LightningDataModule", "seed_everything", "Fabric"})
 
 
+_NORMALISED: dict[str, str] = {}
+
+
 def normalise(name: str) -> str:
+    found = _NORMALISED.get(name)
+    if found is None:
+        if len(_NORMALISED) > 100_000:
+            _NORMALISED.clear()
+        found = _NORMALISED[name] = _normalise(name)
+    return found
+
+
+def _normalise(name: str) -> str:
     for old, new in _PREFIXES:
         if name.startswith(old):
             name = new + name[len(old):]

@@ -8,13 +8,17 @@ program walker (:mod:`.flow`) read these facts; nothing here knows about any rul
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 from .knowledge import normalise
 
-_iter_children = ast.iter_child_nodes
 _LEAVES = frozenset({ast.Constant, ast.Name, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue,
                      ast.alias, ast.Global, ast.Nonlocal})
+# Fields that never hold nodes, and per node class the fields that may.
+_SCALAR_FIELDS = frozenset({"ctx", "id", "attr", "arg", "name", "kind", "type_comment", "module", "level",
+                            "lineno", "is_async", "conversion", "simple", "asname", "names", "tag"})
+_FIELDS: dict[type, tuple[str, ...]] = {}
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -94,6 +98,8 @@ class Module:
         self.scope_of: dict[ast.AST, Scope] = {}  # function, lambda and class nodes -> their scopes
         self.main_guard: ast.If | None = None
         self._lines: list[str] | None = None
+        self._quals: dict[ast.AST, str | None] = {}
+        self._index: tuple[dict[str, list[tuple[ast.Call, Scope]]], ...] | None = None
         self.top = Scope(tree, "module", None, self)
         self.all_scopes.append(self.top)
         _Scanner(self).body(tree.body, self.top, tree)
@@ -105,18 +111,55 @@ class Module:
     def qual(self, expr: ast.AST) -> str | None:
         """The normalised qualified name of ``a.b.c`` when ``a`` is imported (``np.random.seed`` ->
         ``numpy.random.seed``), else None."""
+        cache = self._quals
+        if expr in cache:
+            return cache[expr]
         name, attrs = _chain(expr)
         base = self.imports.get(name) if name else None
-        if base is None:
-            return None
-        if attrs:
-            base = base + "." + ".".join(attrs)
-        return normalise(base) if base[0] != "." else base
+        if base is not None:
+            if attrs:
+                base = base + "." + ".".join(attrs)
+            if base[0] != ".":
+                base = normalise(base)
+        cache[expr] = base
+        return base
 
     def is_builtin(self, func: ast.AST, name: str) -> bool:
         """Whether ``func`` is the builtin ``name`` (not shadowed by an import or a module-level definition)."""
         return (func.__class__ is ast.Name and func.id == name and name not in self.imports
                 and name not in self.top.defs and name not in self.top.classes)
+
+    # -- calls by name ---------------------------------------------------------------------------------------
+    @property
+    def index(self) -> tuple[dict[str, list[tuple[ast.Call, Scope]]], ...]:
+        """The calls grouped three ways: by qualified name, by method name (``x.m()``), by bare name (``f()``)."""
+        if self._index is None:
+            by_qual: dict[str, list[tuple[ast.Call, Scope]]] = {}
+            by_attr: dict[str, list[tuple[ast.Call, Scope]]] = {}
+            by_name: dict[str, list[tuple[ast.Call, Scope]]] = {}
+            for entry in self.calls:
+                func = entry[0].func
+                qual = self.qual(func)
+                if qual is not None:
+                    by_qual.setdefault(qual, []).append(entry)
+                if func.__class__ is ast.Attribute:
+                    by_attr.setdefault(func.attr, []).append(entry)
+                elif func.__class__ is ast.Name:
+                    by_name.setdefault(func.id, []).append(entry)
+            self._index = (by_qual, by_attr, by_name)
+        return self._index
+
+    def calls_to(self, names: Iterable[str] = (), *, methods: Iterable[str] = (),
+                 bare: Iterable[str] = ()) -> list[tuple[ast.Call, Scope]]:
+        """The calls of any of the qualified ``names``, ``methods`` (``x.name()`` on any receiver) or ``bare``
+        names (``name()``), in source order."""
+        by_qual, by_attr, by_name = self.index
+        found: dict[int, tuple[ast.Call, Scope]] = {}
+        for table, keys in ((by_qual, names), (by_attr, methods), (by_name, bare)):
+            for key in (keys,) if isinstance(keys, str) else keys:
+                for entry in table.get(key, ()):
+                    found[id(entry[0])] = entry
+        return sorted(found.values(), key=lambda e: (e[0].lineno, e[0].col_offset))
 
     # -- positions -------------------------------------------------------------------------------------------
     @property
@@ -194,17 +237,28 @@ class _Scanner:
                 handler(stmt, scope)
 
     def visit(self, node: ast.AST, scope: Scope) -> None:
+        """Visit the children of ``node`` (what ``ast.iter_child_nodes`` gives, without its generator)."""
         parents, handlers = self.parents, self.handlers
-        for child in _iter_children(node):
-            parents[child] = node
-            cls = child.__class__
-            if cls in _LEAVES:
+        fields = _FIELDS.get(node.__class__)
+        if fields is None:
+            fields = _FIELDS[node.__class__] = tuple(f for f in node._fields if f not in _SCALAR_FIELDS)
+        for field in fields:
+            value = getattr(node, field, None)
+            if value is None:
                 continue
-            handler = handlers.get(cls)
-            if handler is None:
-                self.visit(child, scope)
-            else:
-                handler(child, scope)
+            children = value if value.__class__ is list else (value,)
+            for child in children:
+                cls = child.__class__
+                if cls in _LEAVES or not isinstance(child, ast.AST):
+                    if cls in _LEAVES:
+                        parents[child] = node
+                    continue
+                parents[child] = node
+                handler = handlers.get(cls)
+                if handler is None:
+                    self.visit(child, scope)
+                else:
+                    handler(child, scope)
 
     def call(self, node: ast.Call, scope: Scope) -> None:
         self.visit(node, scope)

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from . import knowledge as K
-from .flow import DRAW, Summary, Walker, classify_call
+from .flow import DRAW, Summary, Walker, classify_call, may_draw
 from .module import Module, Scope
 from .project import Project
 
@@ -129,11 +129,9 @@ class Context:
         """Every call in this module that draws from a global generator, by library (outside Dataset classes)."""
         out: dict[str, list[tuple[ast.Call, str]]] = {lib: [] for lib in K.LIBS}
         module = self.module
-        for call, scope in module.calls:
-            qual = module.qual(call.func)
-            if qual is None and call.func.__class__ is not ast.Attribute:
-                continue
-            for kind, lib, detail in classify_call(module, scope, call, qual):
+        names = [q for q in module.index[0] if may_draw(q)]
+        for call, scope in module.calls_to(names, methods=K.TORCH_INPLACE_DRAWS):
+            for kind, lib, detail in classify_call(module, scope, call, module.qual(call.func)):
                 if kind == DRAW and lib is not None and not self.in_dataset(scope):
                     out[lib].append((call, detail))
         return out

@@ -38,7 +38,7 @@ class DataOrderGlobalRng(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        for call, _scope in module.calls:
+        for call, _scope in module.calls_to((K.DATALOADER, *K.ORDER_DRAWS)):
             qual = module.qual(call.func)
             if qual == K.DATALOADER:
                 if (is_true(argument(call, K.LOADER_SHUFFLE, ("shuffle",))) and not has_splat(call)
@@ -82,8 +82,8 @@ class WorkerSeeding(Rule):
         module = ctx.module
         if _lightning_seeds_workers(module):
             return
-        for call, _scope in module.calls:
-            if module.qual(call.func) != K.DATALOADER or has_splat(call):
+        for call, _scope in module.calls_to(K.DATALOADER):
+            if has_splat(call):
                 continue
             workers = argument(call, K.LOADER_WORKERS, ("num_workers",))
             if workers is None or constant(workers, 1) == 0:
@@ -99,12 +99,9 @@ class WorkerSeeding(Rule):
 
 
 def _lightning_seeds_workers(module: Module) -> bool:
-    for call, scope in module.calls:
-        func = call.func
-        if func.__class__ is ast.Attribute and func.attr == "seed_everything" or (
-                func.__class__ is ast.Name and func.id == "seed_everything"):
-            if any(kind == WORKER_SEEDS for kind, _l, _d in classify_call(module, scope, call, module.qual(func))):
-                return True
+    for call, scope in module.calls_to(methods="seed_everything", bare="seed_everything"):
+        if any(kind == WORKER_SEEDS for kind, _l, _d in classify_call(module, scope, call, module.qual(call.func))):
+            return True
     return False
 
 
@@ -306,10 +303,9 @@ class SetIterationOrder(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        sources: list[tuple[ast.AST, Scope]] = []
-        for call, scope in module.calls:
-            if (module.is_builtin(call.func, "set") or module.is_builtin(call.func, "frozenset")):
-                sources.append((call, scope))
+        sources: list[tuple[ast.AST, Scope]] = [
+            (call, scope) for call, scope in module.calls_to(bare=("set", "frozenset"))
+            if module.is_builtin(call.func, call.func.id)]
         sources.extend((n, s) for n, s in module.loops if n.__class__ is ast.SetComp)
         sources.extend(module.set_literals)
         seen: set[int] = set()
@@ -354,7 +350,7 @@ class UnsortedListing(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        for call, scope in module.calls:
+        for call, scope in module.calls_to(("os.walk", *_LISTINGS), methods=_PATH_LISTINGS):
             qual = module.qual(call.func)
             func = call.func
             if qual == "os.walk":
@@ -394,9 +390,7 @@ def _walk_unsorted(module: Module, scope: Scope, loop: ast.For) -> bool:
 
 def _worker_init_scopes(module: Module) -> Iterator[tuple[ast.Call, Scope]]:
     """The functions (or lambdas) passed as ``worker_init_fn=`` to a DataLoader, defined in this module."""
-    for call, scope in module.calls:
-        if module.qual(call.func) != K.DATALOADER:
-            continue
+    for call, scope in module.calls_to(K.DATALOADER):
         fn = argument(call, K.LOADER_INIT_FN, ("worker_init_fn",))
         if fn is None:
             continue

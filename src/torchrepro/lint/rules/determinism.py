@@ -22,9 +22,9 @@ def _cudnn_settings(module: Module, attr: str, wanted: Callable[[ast.AST | None]
             for target in node.targets:
                 if target.__class__ is ast.Attribute and target.attr == attr and module.qual(target.value) == K.CUDNN:
                     yield node, f"cudnn.{attr} = {ast.unparse(node.value)}"
-    for call, _scope in module.calls:
+    for call, _scope in module.calls_to(callers):
         qual = module.qual(call.func)
-        if qual in callers and wanted(value := argument(call, None, (attr,))):
+        if wanted(value := argument(call, None, (attr,))):
             yield call, f"{qual.rpartition('.')[2]}({attr}={ast.unparse(value)})"
 
 
@@ -195,10 +195,19 @@ class Determinism:
     cudnn: str = ""
 
 
+def _may_enable(qual: str) -> bool:
+    return (qual in K.DETERMINISM_ENABLERS or qual in K.SEEDERS or qual == K.LIGHTNING_TRAINER
+            or qual in K.HF_TRAINING_ARGUMENTS)
+
+
 def module_determinism(module: Module, walker: Walker) -> Determinism:
     """Deterministic mode set anywhere in ``module``, or on the path from its entry point (through helpers)."""
     mode = cudnn = ""
-    for call, scope in module.calls:
+    by_qual, by_attr, by_name = module.index
+    candidates = module.calls_to([q for q in by_qual if _may_enable(q)],
+                                 methods=[m for m in by_attr if is_assumed_determinism(m)],
+                                 bare=[n for n in by_name if is_assumed_determinism(n)])
+    for call, scope in candidates:
         qual = module.qual(call.func)
         for kind, _lib, detail in classify_call(module, scope, call, qual):
             if kind == DET and not mode:
@@ -251,7 +260,10 @@ class NondeterministicOp(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        found = [(call, op) for call, _scope in module.calls if (op := nondeterministic_op(module, call))]
+        by_qual, by_attr, _by_name = module.index
+        candidates = module.calls_to([q for q in by_qual if q in NONDETERMINISTIC_OPS],
+                                     methods=[m for m in by_attr if "." + m in NONDETERMINISTIC_OPS])
+        found = [(call, op) for call, _scope in candidates if (op := nondeterministic_op(module, call))]
         if not found:
             return
         status = _coverage(ctx)
@@ -380,9 +392,7 @@ class LaunchBlocking(Rule):
 
 def _env_sets(module: Module) -> Iterator[tuple[ast.AST, Scope]]:
     yield from module.stores
-    for call, scope in module.calls:
-        if call.func.__class__ is ast.Attribute:
-            yield call, scope
+    yield from module.calls_to(methods=("setdefault", "update", "putenv"))
 
 
 _CHILD_STARTERS = ("os.exec", "os.spawn", "os.posix_spawn", "subprocess.", "multiprocessing.",

@@ -7,17 +7,24 @@ from collections.abc import Iterator
 
 from .. import knowledge as K
 from ..calls import argument, has_splat, is_false, is_true
-from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED, classify_call
+from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
+
+_KIND_OF_NAMES = {
+    SET_EPOCH: lambda q: False, DIST: lambda q: q in K.DIST_INIT,
+    SHARDED: lambda q: q in K.HF_TRAINERS or q == K.LIGHTNING_TRAINER or q.startswith(
+        ("accelerate.Accelerator", "lightning.fabric.Fabric")),
+}
 
 
 def _module_has(ctx: Context, kind: str) -> bool:
     """Whether a call in the module, or on the path from its entry point, causes an event of ``kind``."""
     module = ctx.module
-    for call, scope in module.calls:
-        if any(k == kind for k, _l, _d in classify_call(module, scope, call, module.qual(call.func))):
-            return True
+    if kind == SET_EPOCH and module.calls_to(methods="set_epoch"):
+        return True
+    if any(_KIND_OF_NAMES[kind](qual) for qual in module.index[0]):
+        return True
     return ctx.is_program and ctx.summary.has(kind)
 
 
@@ -51,8 +58,8 @@ class SamplerWithoutSetEpoch(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        samplers = [call for call, _scope in module.calls if module.qual(call.func) == K.DISTRIBUTED_SAMPLER
-                    and not is_false(argument(call, 3, ("shuffle",)))]
+        samplers = [call for call, _scope in module.calls_to(K.DISTRIBUTED_SAMPLER)
+                    if not is_false(argument(call, 3, ("shuffle",)))]
         if not samplers or _module_has(ctx, SET_EPOCH) or _module_has(ctx, SHARDED):
             return
         for program in ctx.importing_programs():
@@ -85,9 +92,9 @@ def _generator_seeds(module: Module, scope: Scope, expr: ast.AST, depth: int = 0
             if found is None:
                 return None
             seeds.extend(found)
-    for call, _scope in module.calls:
+    for call, _scope in module.calls_to(methods="manual_seed"):
         func = call.func
-        if func.__class__ is ast.Attribute and func.attr == "manual_seed" and dotted(func.value) == name:
+        if dotted(func.value) == name:
             seed = argument(call, 0, ("seed",))
             if seed is None:
                 return None
@@ -135,8 +142,8 @@ class SameDataSeedOnEveryRank(Rule):
         module = ctx.module
         if not _module_has(ctx, DIST) or _module_has(ctx, SHARDED):
             return
-        for call, scope in module.calls:
-            if module.qual(call.func) != K.DATALOADER or has_splat(call):
+        for call, scope in module.calls_to(K.DATALOADER):
+            if has_splat(call):
                 continue
             if not is_true(argument(call, K.LOADER_SHUFFLE, ("shuffle",))):
                 continue

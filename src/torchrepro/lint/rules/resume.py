@@ -133,7 +133,11 @@ class CheckpointWithoutRngState(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        for call, scope in module.calls:
+        by_qual, by_attr, by_name = module.index
+        saves = module.calls_to([q for q in by_qual if "save" in q.rpartition(".")[2].lower()],
+                                methods=[m for m in by_attr if "save" in m.lower()],
+                                bare=[n for n in by_name if "save" in n.lower()])
+        for call, scope in saves:
             entries = _saved_entries(module, scope, call)
             if not entries:
                 continue

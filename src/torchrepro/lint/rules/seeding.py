@@ -172,10 +172,8 @@ def _generator_left_unseeded(module: Module, call: ast.Call) -> bool:
     if parent.__class__ in (ast.Assign, ast.AnnAssign):
         targets = parent.targets if parent.__class__ is ast.Assign else [parent.target]
         names = {dotted(t) for t in targets} - {None}
-        for other, _scope in module.calls:
-            func = other.func
-            if (func.__class__ is ast.Attribute and func.attr in ("manual_seed", "set_state")
-                    and dotted(func.value) in names):
+        for other, _scope in module.calls_to(methods=("manual_seed", "set_state")):
+            if dotted(other.func.value) in names:
                 return False
         return bool(names)
     return False
@@ -209,10 +207,8 @@ class UnseededGenerator(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        for call, _scope in module.calls:
+        for call, _scope in module.calls_to((K.TORCH_GENERATOR, *K.RNG_CONSTRUCTORS)):
             qual = module.qual(call.func)
-            if qual is None:
-                continue
             if qual == K.TORCH_GENERATOR:
                 if _generator_left_unseeded(module, call):
                     yield Finding(call, "torch.Generator() is never given a seed: it starts from a fixed default "
@@ -260,7 +256,12 @@ class NondeterministicSeed(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        for call, scope in module.calls:
+        by_qual, by_attr, by_name = module.index
+        candidates = module.calls_to([q for q in by_qual if "seed" in q.lower() or q in K.SEEDERS
+                                      or q in K.RNG_CONSTRUCTORS],
+                                     methods=[m for m in by_attr if "seed" in m.lower()],
+                                     bare=[n for n in by_name if "seed" in n.lower()])
+        for call, scope in candidates:
             qual = module.qual(call.func)
             func = call.func
             attr = func.attr if func.__class__ is ast.Attribute else None
