@@ -11,7 +11,7 @@ LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir"},
-    3: {"compare", "resume", "locate", "_resume_child"},
+    3: {"compare", "resume", "locate", "_resume_child", "lint"},
     4: {"cli", "report", "__init__", "__main__"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
@@ -66,3 +66,30 @@ def test_plain_import_statements_are_seen(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("import torchrepro.compare\nimport torchrepro.cli.check_cmd as c\nimport os\nimport torchrepro\n")
     assert _imports(src) == {"compare", "cli", "__init__"}
+
+
+def test_lint_imports_only_the_standard_library_and_itself():
+    """torchrepro/lint runs without torch: its modules import the standard library and each other, nothing else
+    (no torch, numpy, or other torchrepro modules, which import torch)."""
+    import sys
+
+    lint = PKG / "lint"
+    problems = []
+    for path in sorted(lint.rglob("*.py")):
+        depth = len(path.relative_to(lint).parts) - 1  # 0 for lint/x.py, 1 for lint/rules/x.py
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level > depth + 1:
+                    problems.append(f"{path.relative_to(PKG)}: from {'.' * node.level}{node.module or ''} leaves lint/")
+                continue
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("tomli",):
+                    problems.append(f"{path.relative_to(PKG)}: import {name}")
+    assert not problems, "\n".join(problems)
