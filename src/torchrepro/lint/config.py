@@ -58,12 +58,14 @@ class LintConfig:
     def with_cli(self, *, select: Iterable[str] | None = None, ignore: Iterable[str] = (),
                  extend_select: Iterable[str] = (), exclude: Iterable[str] | None = None,
                  extend_exclude: Iterable[str] = (), force_exclude: bool = False) -> LintConfig:
-        """This configuration with command-line options applied (``--select``/``--exclude`` replace; the
-        others extend)."""
+        """This configuration with command-line options applied. ``--select`` starts the selection afresh (the
+        configured select, extend-select and ignore no longer apply); ``--exclude`` replaces the configured
+        exclude; the other options add to the configuration."""
+        fresh = select is not None
         return replace(self,
-                       select=tuple(_norm(select)) if select is not None else self.select,
-                       ignore=(*self.ignore, *_norm(ignore)),
-                       extend_select=(*self.extend_select, *_norm(extend_select)),
+                       select=tuple(_norm(select)) if fresh else self.select,
+                       ignore=(*(() if fresh else self.ignore), *_norm(ignore)),
+                       extend_select=(*(() if fresh else self.extend_select), *_norm(extend_select)),
                        exclude=tuple(exclude) if exclude is not None else self.exclude,
                        extend_exclude=(*self.extend_exclude, *extend_exclude),
                        force_exclude=self.force_exclude or force_exclude,
