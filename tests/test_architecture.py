@@ -11,7 +11,7 @@ LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir"},
-    3: {"compare", "resume", "locate", "_resume_child", "lint"},
+    3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit"},
     4: {"cli", "report", "__init__", "__main__"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

@@ -7,13 +7,16 @@
 """
 
 from ._version import __version__
+from .audit import AuditItem, AuditReport, audit
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import ResumableLoader, make_generator, seed_worker
 from .determinism import DeterminismConfig, current_config, deterministic
-from .envinfo import environment_summary
+from .envdiff import EnvChange, EnvDiff, diff_environments
+from .envinfo import Environment, environment, environment_summary
 from .errors import (
     CheckpointError,
     DeviceMismatchError,
+    EnvFileError,
     MissingGeneratorError,
     ReproError,
     ReproWarning,
@@ -36,9 +39,15 @@ from .rng import (
 from .seeding import derive_seed, seed_everything
 
 __all__ = [
+    "AuditItem",
+    "AuditReport",
     "CheckpointError",
     "DeterminismConfig",
     "DeviceMismatchError",
+    "EnvChange",
+    "EnvDiff",
+    "EnvFileError",
+    "Environment",
     "MissingGeneratorError",
     "RNGState",
     "ReproError",
@@ -49,9 +58,12 @@ __all__ = [
     "ScriptError",
     "StateFileError",
     "__version__",
+    "audit",
     "current_config",
     "derive_seed",
     "deterministic",
+    "diff_environments",
+    "environment",
     "environment_summary",
     "fingerprint",
     "fingerprint_many",

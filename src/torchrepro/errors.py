@@ -80,3 +80,14 @@ class RunsNotComparableError(ReproError):
         self.problems = list(problems)
         super().__init__("the runs are not comparable:\n" + "\n".join(f"  - {p}" for p in self.problems)
                          + f"\n{action}")
+
+
+class EnvFileError(StateFileError):
+    """An environment to compare that cannot be used: missing, not JSON, of another schema, or truncated.
+
+    The message starts with the file's (or run directory's) path.
+    """
+
+
+class TracesNotComparableError(ReproError):
+    """Two op traces that cannot be compared op by op (``diff --locate``): they hold different steps."""

@@ -86,7 +86,7 @@ def render_locate(doc: dict[str, Any]) -> str:
     if verdict in ("nothing-to-locate", "skipped"):
         return "\n".join(lines)
     traced = doc.get("traced_steps") or []
-    lines[-1] += (f" (traced step(s) {', '.join(map(str, traced)) or '-'} in two re-runs: "
+    lines[-1] += (f" (traced step(s) {', '.join(map(str, traced)) or '-'} in {doc.get('traced_in', 'two re-runs')}: "
                   f"{doc['ops_traced'][0]} and {doc['ops_traced'][1]} ops)")
     op, other = doc.get("op"), doc.get("op_other_run")
     if verdict == "not-reproduced":
@@ -110,6 +110,10 @@ def render_locate(doc: dict[str, Any]) -> str:
         lines.append(f"  inputs {same_in} in both runs; outputs differ")
         if doc.get("deterministic_kernel"):
             lines.append(f"  deterministic kernel on {doc['device']}: {doc['deterministic_kernel']}")
+    if doc.get("explanation"):
+        lines.append(f"  Why: {doc['explanation']}")
+    if doc.get("note"):
+        lines.append(f"  Note: {doc['note']}")
     lines.append(f"  Fix: {doc['fix']}")
     if doc.get("op_table"):
         lines.append(f"  Ops around it: {doc['op_table']}")
@@ -129,3 +133,57 @@ def render_op_table(rows: list[dict[str, Any]]) -> str:
         out.append(f"{mark:<2}{r['i']:>6}  {op:<34} {r.get('phase') or '-':<9} {(r.get('module') or '-')[:24]:<24} "
                    f"{r.get('line') or '-':>5}  {same_in:^2}  {same_out:^3}  {(r.get('code') or '')[:60]}")
     return "\n".join(out)
+
+
+# --- environment differences (env diff, diff, check) -----------------------------------------------------
+ENV_TEXT_LIMIT = {"breaks-bitwise": 40, "may-change-numerics": 20, "benign": 8}
+
+
+def render_env_diff(diff: Any, *, title: str | None = None) -> str:
+    """An :class:`~torchrepro.envdiff.EnvDiff` as text grouped by rank, each change with its reason."""
+    from ..envdiff import RANK_TITLES, RANKS
+
+    counts = ", ".join(f"{RANK_TITLES[r]} {len(diff.of_rank(r))}" for r in RANKS if diff.of_rank(r))
+    head = title or f"Environment differences ({diff.a} → {diff.b})"
+    if not diff.changes:
+        return f"{head}: none (versions, hardware, threads, flags, seeds, variables and packages are the same)"
+    lines = [f"{head}: {counts}"]
+    for rank in RANKS:
+        changes = diff.of_rank(rank)
+        if not changes:
+            continue
+        lines.append(f"  {RANK_TITLES[rank].capitalize()}:")
+        width = min(34, max(len(c.key) for c in changes))
+        limit = ENV_TEXT_LIMIT[rank]
+        for c in changes[:limit]:
+            lines.append(f"    {c.key:<{width}}  {c.values():<24}  {c.reason}")
+        if len(changes) > limit:
+            lines.append(f"    ... {len(changes) - limit} more (--json lists every difference)")
+    return "\n".join(lines)
+
+
+def print_env_diff(diff: Any, *, title: str | None = None) -> None:
+    """Print :func:`render_env_diff`, as rich tables (one per rank) when rich is installed and stdout is a terminal."""
+    import sys
+
+    try:
+        if not sys.stdout.isatty():
+            raise ImportError
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(render_env_diff(diff, title=title))
+        return
+    from ..envdiff import RANK_TITLES, RANKS
+
+    console = Console()
+    console.print(render_env_diff(diff, title=title).splitlines()[0], highlight=False)
+    for rank, style in zip(RANKS, ("bold red", "yellow", "dim")):
+        changes = diff.of_rank(rank)
+        if changes:
+            table = Table(title=RANK_TITLES[rank].capitalize(), title_style=style, title_justify="left")
+            for column in ("setting", "A → B", "why"):
+                table.add_column(column)
+            for c in changes[:ENV_TEXT_LIMIT[rank]]:
+                table.add_row(c.key, c.values(), c.reason)
+            console.print(table)

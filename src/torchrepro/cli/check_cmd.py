@@ -7,19 +7,21 @@ import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_json
 from ..compare import CheckResult, compare_runs
-from ..errors import Interrupted, ScriptError
+from ..envdiff import EnvDiff, diff_runs, verdict_note
+from ..errors import EnvFileError, Interrupted, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command
 from ..locate import VERDICTS, locate_ops
 from ..optrace import read_ops
 from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
 from ..report import plot_check
-from ..store import OPS, load_run
-from ._render import render, render_locate, render_op_table
+from ..store import OPS, Run, load_run
+from ._render import render, render_env_diff, render_locate, render_op_table
 from .run_cmd import add_launch_options, positive_int, runs_arg
 
 STDERR_TAIL_LINES = 25
@@ -137,12 +139,45 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> 
     return dirs
 
 
+@dataclass
+class EnvironmentDifferences:
+    """The ranked environment/launch differences of compared runs, or why they could not be compared."""
+
+    diff: EnvDiff | None
+    problem: str | None = None
+    quiet_if_same: bool = False  # check: say nothing when its runs' environments are the same (the usual case)
+
+    def to_json(self, verdict: str) -> dict[str, Any]:
+        if self.diff is None:
+            return {"compared": False, "problem": self.problem}
+        return self.diff.to_json() | {"compared": True, "note": verdict_note(verdict, self.diff)}
+
+    def render(self, verdict: str) -> str | None:
+        if self.diff is None:
+            return f"Environment: not compared ({self.problem})"
+        if self.quiet_if_same and not self.diff.changes:
+            return None
+        text = render_env_diff(self.diff)
+        note = verdict_note(verdict, self.diff)
+        return text + (f"\nNote:  {note}" if note else "")
+
+
+def environment_differences(runs: list[Run], *, quiet_if_same: bool = False) -> EnvironmentDifferences:
+    """Run 1's environment and launch options against the others'; a run without a readable one is named."""
+    try:
+        return EnvironmentDifferences(diff_runs(runs), quiet_if_same=quiet_if_same)
+    except EnvFileError as exc:
+        return EnvironmentDifferences(None, str(exc), quiet_if_same=quiet_if_same)
+
+
 def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
-           located: dict[str, Any] | None = None) -> int:
+           located: dict[str, Any] | None = None, environment: EnvironmentDifferences | None = None) -> int:
     """Plot, write check.json, print the summary or JSON; return the exit code (0 identical, 1 diverged)."""
     plot = plot_check(result, out / "check.png")
     doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
                               "exit_code": 0 if result.verdict == "identical" else 1}
+    if environment is not None:
+        doc["environment_diff"] = environment.to_json(result.verdict)
     if located is not None:
         doc["locate"] = located
     atomic_write_json(out / "check.json", doc)
@@ -150,6 +185,9 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
         print(json.dumps(doc, indent=2))
     else:
         print(render(result, what=what, plot=str(plot) if plot else None))
+        env_text = environment.render(result.verdict) if environment is not None else None
+        if env_text:
+            print("\n" + env_text)
         if located is not None:
             print(render_locate(located))
     return doc["exit_code"]
@@ -202,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
                          keep_values=True)
     with lock_dir(out):
         dirs = execute_runs(command, out, args.runs, opts)
-        result = compare_runs([load_run(d) for d in dirs])
+        runs = [load_run(d) for d in dirs]
+        result = compare_runs(runs)
         located = run_locate(command, out, result, opts, args.locate_steps) if args.locate else None
-        return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located)
+        return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located,
+                      environment=environment_differences(runs, quiet_if_same=True))

@@ -1,37 +1,100 @@
-"""``torchrepro env``: print the environment facts that matter for numerics."""
+"""``torchrepro env``: the environment fingerprint; ``torchrepro env diff A B``: its risk-ranked differences.
+
+``torchrepro env [--json] [-o FILE] [--include-host]`` prints (or writes) :func:`torchrepro.environment`.
+``torchrepro env diff A B [--json]`` compares two env files or run directories; exit 1 when a difference breaks
+bitwise equality, 0 otherwise, 2 for an input that cannot be read.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
-from ..envinfo import environment_summary
+from .._io import atomic_write_json
+from ..envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
+from ..envinfo import environment
+from ..errors import OutputDirError
+from ._render import print_env_diff
+
+# Sections printed as "key value" rows, in this order; packages are summarised (all of them with --json).
+_TEXT_SECTIONS = ("python", "platform", "torch_build", "cuda", "accelerators", "cpu", "config", "threads",
+                  "determinism", "precision", "backends", "env", "git", "host")
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("env", help="show the environment facts that matter for reproducibility")
+    p = sub.add_parser("env", help="show the environment facts that change numerics; `env diff A B` ranks "
+                       "the differences between two", usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
+                       "       torchrepro env diff A B [--json]")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON document to FILE")
+    p.add_argument("--include-host", action="store_true",
+                   help="also record host name, user name, home and working directory (left out by default)")
     p.set_defaults(handler=run)
+    actions = p.add_subparsers(dest="env_action", metavar="diff")
+    d = actions.add_parser("diff", help="rank the differences between two environments",
+                           description="Compare two environments: env JSON files (`torchrepro env --json -o FILE`) "
+                           "or run directories (`torchrepro run --record DIR`). Exit 1 when a difference breaks "
+                           "bitwise equality, 0 otherwise, 2 when an input cannot be read.")
+    d.add_argument("a", metavar="A", help="env JSON file or run directory")
+    d.add_argument("b", metavar="B", help="env JSON file or run directory")
+    d.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    d.set_defaults(handler=run_diff, command="env-diff")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            rows += _flatten(v, f"{prefix}{k}.")
-        else:
-            rows.append((prefix + k, v))
-    return rows
+def _value(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) or v is None else str(v)
+
+
+def render_environment(doc: dict[str, Any]) -> str:
+    """The fingerprint as aligned ``section.key  value`` rows, packages summarised."""
+    rows: list[tuple[str, str]] = [("torch", doc["torch"]), ("device_kind", doc["device_kind"]),
+                                   ("torchrepro", doc["torchrepro"])]
+    for section in _TEXT_SECTIONS:
+        if section in doc:
+            flat = flatten(doc[section], section)
+            rows += [(k, _value(v)) for k, v in flat.items() if not (section == "env" and v is None)]
+    packages = doc["packages"]
+    in_path = [f"{name} {version}" for name, version in packages.items() if _compute_path(name)]
+    rows.append(("packages", f"{len(packages)} installed; in the compute path: {', '.join(in_path) or 'none'} "
+                             "(--json lists all)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _compute_path(name: str) -> bool:
+    return rank_of(f"packages.{name}").rank != BENIGN
 
 
 def run(args: argparse.Namespace) -> int:
-    info = environment_summary()
+    doc = environment(include_host=args.include_host).to_json()
+    if args.output:
+        path = Path(args.output)
+        if path.is_dir():
+            raise OutputDirError(f"-o {path}: is a directory; name a file to write the environment to.")
+        try:
+            atomic_write_json(path, doc)
+        except OSError as exc:
+            raise OutputDirError(f"-o {path}: cannot be written ({exc.strerror or exc}).") from None
+        print(f"torchrepro: wrote the environment to {path}", file=sys.stderr)
     if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    rows = _flatten(info)
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+        print(json.dumps(doc, indent=2))
+    elif not args.output:
+        print(render_environment(doc))
     return 0
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    a, b = load_environment(args.a), load_environment(args.b)
+    diff = diff_environments(a, b, label_a=args.a, label_b=args.b)
+    if args.json:
+        print(json.dumps(diff.to_json(), indent=2))
+    else:
+        print_env_diff(diff)
+        if diff.breaks_bitwise:
+            print(f"\nB differs from A in settings that break bitwise equality: {diff.summary()}. Runs in these "
+                  "two environments are not expected to give the same bits.")
+    return diff.exit_code
+

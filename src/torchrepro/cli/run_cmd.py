@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..launcher import LaunchOptions, launch
+from ..launcher import CommandError, LaunchOptions, launch
 from ..seeding import validate_seed
 
 
@@ -19,14 +19,22 @@ def seed_arg(text: str) -> int:
                                          f"seed must be an integer in [0, 4294967295], got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def step_arg(text: str) -> int:
+    return _int_at_least(text, 0, "a step number (0 or more)")
 
 
 def runs_arg(text: str) -> int:
@@ -54,6 +62,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
     p.add_argument("--keep-values", action="store_true",
                    help="also save parameter values per step (needed for max |Δ weight|)")
+    p.add_argument("--trace-steps", type=step_arg, metavar="N",
+                   help="with --record: keep the op trace of optimizer step N (0 = model construction) in the run "
+                        "directory (ops.jsonl), for `torchrepro diff --locate` of two recorded runs")
     p.add_argument("--json", action="store_true",
                    help="print the run's manifest as one JSON document on stdout (the script's stdout goes to stderr)")
     add_launch_options(p)
@@ -61,8 +72,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace_steps is not None and not args.record:
+        raise CommandError("--trace-steps keeps the op trace in the run directory, so it needs --record DIR: "
+                           "`torchrepro run --record DIR --trace-steps N -- python train.py`.")
     opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
-                         max_steps=args.max_steps, keep_values=args.keep_values)
+                         max_steps=args.max_steps, keep_values=args.keep_values,
+                         trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None)
     result = launch(args.user_command, opts, stdout=sys.stderr if args.json else None)
     if args.json:
         print(json.dumps(result.manifest if result.manifest is not None else

@@ -1,0 +1,71 @@
+"""``torchrepro audit``: the reproducibility checklist, judged on this process or on a script at its first step.
+
+``torchrepro audit [--json]`` judges the environment a script would start in here; ``torchrepro audit -- python
+train.py [ARGS]`` runs the script through the launcher until its first optimizer step (its output goes to
+stderr) and judges what the script set up by then. Exit 0 when nothing is found, 1 on findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..audit import AuditReport, audit, audit_recorded
+from ..errors import ScriptError
+from ..launcher import LaunchOptions, launch, parse_python_command
+
+_MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("audit", help="judge the reproducibility checklist here, or for a script at its first step",
+                       usage="torchrepro audit [--json] [-- python train.py [ARGS]]",
+                       description="Evaluate the reproducibility checklist (RNG seeds, DataLoader workers, cuDNN/"
+                       "cuBLAS algorithm choice, collective communication, mixed precision, hardware). With a "
+                       "command, run it to its first training step and audit what it set up. Exit 0 clean, 1 "
+                       "findings, 2 usage error or a script that fails before its first step.")
+    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
+                   help="a training command to audit at its first step (its output goes to stderr)")
+    p.set_defaults(handler=run)
+
+
+def render_report(report: AuditReport) -> str:
+    """The checklist as text: one line per item, then the state and fix of every finding."""
+    what = f"`{' '.join(report.command)}` at its first step" if report.command else "this environment"
+    lines = [f"torchrepro audit of {what}: "
+             + (f"{len(report.findings)} finding(s)" if report.findings else "no findings")]
+    for item in report.items:
+        lines.append(f"  {_MARK[item.severity]}  {item.area:<31} {item.title}")
+        if item.severity != "ok":
+            lines.append(f"          {item.state}")
+        if item.finding and item.fix:
+            lines.append(f"          fix: {item.fix}")
+    lines += [f"Note:  {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def _audit_script(command: list[str]) -> AuditReport:
+    parse_python_command(command)
+    with tempfile.TemporaryDirectory(prefix="torchrepro-audit-") as tmp:
+        record = Path(tmp) / "run"
+        result = launch(command, LaunchOptions(record=str(record), max_steps=1, audit=True), stdout=sys.stderr)
+        if result.returncode != 0 or result.manifest is None:
+            raise ScriptError(f"the script `{' '.join(command)}` failed with exit code {result.returncode} before "
+                              "it could be audited (its output is above). Fix it so that it runs on its own, then "
+                              "audit again.")
+        return audit_recorded(result.manifest, launch_env=dict(os.environ))
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.user_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    report = _audit_script(command) if command else audit()
+    print(json.dumps(report.to_json(), indent=2) if args.json else render_report(report))
+    return report.exit_code
