@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fingerprint.py
 	$(BIN)/python benchmarks/bench_record_overhead.py
 	$(BIN)/python benchmarks/bench_optrace.py
+	$(BIN)/python benchmarks/bench_lint.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out

@@ -194,3 +194,13 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 1
     assert done.stdout.startswith("::error title=torchrepro (TR101),file=train.py,line=4,col=13,")
+
+
+def test_pre_commit_hooks_file() -> None:
+    """The hooks run `torchrepro lint --force-exclude` on Python files, all in one process."""
+    text = (ROOT / ".pre-commit-hooks.yaml").read_text()
+    hooks = [block for block in text.split("\n- ")[1:]]
+    assert [h.splitlines()[0] for h in hooks] == ["id: torchrepro-lint", "id: torchrepro-lint-system"]
+    for hook in hooks:
+        assert "entry: torchrepro lint --force-exclude\n" in hook and "types: [python]" in hook
+        assert "require_serial: true" in hook

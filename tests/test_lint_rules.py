@@ -105,3 +105,11 @@ def test_no_snapshot_without_fixture() -> None:
     stems = {f.name.removesuffix(".py") for f in ALL_FIXTURES}
     orphans = [p.name for p in FIXTURES.glob("*.snap") if p.stem not in stems]
     assert not orphans
+
+
+def test_docs_describe_every_rule() -> None:
+    """docs/lint.md has a section per rule (heading ``#### CODE name``) with the rule's summary and fix."""
+    docs = (FIXTURES.parent.parent.parent / "docs" / "lint.md").read_text()
+    for code, rule in RULES.items():
+        assert f"#### {code} {rule.name}\n\n{rule.summary}\n" in docs, code
+        assert f"**Fix:** {rule.help}\n" in docs, code

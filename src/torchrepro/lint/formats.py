@@ -14,7 +14,6 @@ from .rules import RULES
 
 FORMATS = ("text", "json", "github", "sarif")
 JSON_SCHEMA_ID = "torchrepro.lint/1"
-INFORMATION_URI = "https://github.com/torchrepro/torchrepro/blob/main/docs/lint.md"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 _POSITIVE_INT = {"type": "integer", "minimum": 1}
@@ -145,7 +144,6 @@ def sarif_rule(code: str) -> dict[str, object]:
         "shortDescription": {"text": rule.summary},
         "fullDescription": {"text": doc["what"]},
         "help": {"text": rule.documentation(), "markdown": markdown},
-        "helpUri": f"{INFORMATION_URI}#{code.lower()}",
         "defaultConfiguration": {"level": "warning"},
         "properties": {"tags": ["reproducibility", rule.family]},
     }
@@ -173,7 +171,7 @@ def as_sarif(result: LintResult, tool_version: str = "0") -> dict[str, object]:
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
         "runs": [{
-            "tool": {"driver": {"name": "torchrepro", "version": tool_version, "informationUri": INFORMATION_URI,
+            "tool": {"driver": {"name": "torchrepro", "version": tool_version,
                                 "rules": [sarif_rule(code) for code in codes]}},
             "originalUriBaseIds": {"%SRCROOT%": {"uri": Path.cwd().as_uri() + "/"}},
             "columnKind": "unicodeCodePoints",
