@@ -103,7 +103,7 @@ def test_every_rule_has_documentation_and_fixtures(code: str) -> None:
 
 def test_no_snapshot_without_fixture() -> None:
     stems = {f.name.removesuffix(".py") for f in ALL_FIXTURES}
-    orphans = [p.name for p in FIXTURES.glob("*.snap") if p.stem not in stems]
+    orphans = sorted(p.name for p in FIXTURES.glob("*.snap") if p.stem not in stems)
     assert not orphans
 
 

@@ -224,6 +224,23 @@ def draw_of(qual: str, call: ast.Call) -> tuple[str | None, str]:
     return None, ""
 
 
+def is_seed_choice(module: Module, call: ast.Call) -> bool:
+    """Whether a draw picks the seed itself (``opt.manualSeed = random.randint(1, 10000)`` when no seed is given,
+    ``torch.manual_seed(random.randint(...))``): the value is a seed, not a random number the run consumes."""
+    node: ast.AST = call
+    parent = module.parents.get(node)
+    while parent is not None and not isinstance(parent, ast.stmt):
+        if parent.__class__ is ast.Call and parent is not call:
+            name = module.qual(parent.func) or dotted(parent.func) or ""
+            if name in K.SEEDERS or is_assumed_seeder(name) or name.endswith(".manual_seed"):
+                return True
+        node, parent = parent, module.parents.get(parent)
+    if parent.__class__ in (ast.Assign, ast.AnnAssign):
+        targets = parent.targets if parent.__class__ is ast.Assign else [parent.target]
+        return any("seed" in (dotted(t) or "").lower() for t in targets)
+    return False
+
+
 def may_draw(qual: str) -> bool:
     """Whether some call of ``qual`` draws from a global generator (depending on its arguments)."""
     return (qual == K.DATALOADER or qual in K.ORDER_DRAWS or qual in K.RANDOM_DRAWS or qual in K.TORCH_DRAWS
@@ -294,7 +311,8 @@ class Walker:
             if cls is ast.Call:
                 qual = qual_of(item.func)
                 for kind, lib, detail in classify_call(module, scope, item, qual):
-                    out.add(Event(kind, lib, ((module, item),), detail))
+                    if kind != DRAW or not is_seed_choice(module, item):
+                        out.add(Event(kind, lib, ((module, item),), detail))
                 if qual is None or qual[0] == "." or not _is_external(qual):
                     self._follow(module, scope, item, qual, out)
             elif cls is ast.Import or cls is ast.ImportFrom:

@@ -258,7 +258,7 @@ class Project:
         todo = [module]
         while todo and len(seen) < 2000:
             current = todo.pop()
-            for raw in set(current.imports.values()):
+            for raw in sorted(set(current.imports.values())):
                 target = self.resolve(current, raw)
                 target_module = target if isinstance(target, Module) else getattr(target, "module", None)
                 if target_module is None:

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from . import knowledge as K
-from .flow import DRAW, Summary, Walker, classify_call, may_draw
+from .flow import DRAW, Summary, Walker, classify_call, is_seed_choice, may_draw
 from .module import Module, Scope
 from .project import Project
 
@@ -132,7 +132,7 @@ class Context:
         names = [q for q in module.index[0] if may_draw(q)]
         for call, scope in module.calls_to(names, methods=K.TORCH_INPLACE_DRAWS):
             for kind, lib, detail in classify_call(module, scope, call, module.qual(call.func)):
-                if kind == DRAW and lib is not None and not self.in_dataset(scope):
+                if kind == DRAW and lib is not None and not self.in_dataset(scope) and not is_seed_choice(module, call):
                     out[lib].append((call, detail))
         return out
 

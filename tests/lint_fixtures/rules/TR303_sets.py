@@ -22,6 +22,13 @@ def build_vocab(text, labels, a, b):
     return vocab, classes, n, ordered, common, present, ids, itos, pick, kept
 
 
+class Labels:
+    def __init__(self, labels, configure):
+        self.classes = list(set(labels))  # expect: TR303
+        configure(kinds=frozenset({"a", "b"}))  # ok: a set passed on (perhaps only for membership)
+        self.seen = {label: labels.count(label) for label in set(labels)}  # ok: a dict looked up by key
+
+
 def stream(tags):
     for tag in set(tags):  # expect: TR303
         yield tag

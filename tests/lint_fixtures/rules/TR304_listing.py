@@ -34,6 +34,20 @@ def all_files_sorted(root):
     return out
 
 
+def all_files_sorted_in_place(root):
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):  # ok: traversal and files sorted
+        dirnames[:] = sorted(dirnames)
+        for name in sorted(filenames):
+            out.append(os.path.join(dirpath, name))
+    return out
+
+
+def only_checked(root):
+    names = [p.name for p in Path(root).iterdir()]  # ok: only tested below
+    return all(name.endswith(".png") for name in names)
+
+
 def has_checkpoint(root):
     return any(f.endswith(".ckpt") for f in os.listdir(root))  # ok
 

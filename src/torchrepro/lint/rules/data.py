@@ -139,7 +139,7 @@ class _Orders:
             return None if node is parent.func else self._argument(parent, depth)
         if cls is ast.keyword:
             call = m.parents.get(parent)
-            return call if call.__class__ is ast.Call and self._name(call) not in _ORDER_FREE else None
+            return self._argument(call, depth) if call.__class__ is ast.Call else None
         if cls is ast.Attribute:
             call = m.parents.get(parent)
             if call.__class__ is not ast.Call or call.func is not parent or parent.attr in _ORDER_FREE_METHODS:
@@ -147,11 +147,11 @@ class _Orders:
             return self.sink(call, depth + 1) if parent.attr in _SET_METHODS else call
         if cls is ast.comprehension:
             comp = m.parents.get(parent)
-            if comp.__class__ is ast.SetComp or node is not parent.iter:
-                return None
+            if node is not parent.iter or comp.__class__ in (ast.SetComp, ast.DictComp):
+                return None  # a dict built from it is looked up by key (enumerate() is caught as a call)
             if comp.__class__ is ast.GeneratorExp:
                 return self.sink(comp, depth + 1)
-            return None if self.discarded(comp) else comp
+            return self._materialised(comp, depth)
         if cls in (ast.For, ast.AsyncFor):
             return parent if node is parent.iter and self.loop_orders(parent) else None
         if cls in (ast.Assign, ast.AnnAssign):
@@ -175,21 +175,18 @@ class _Orders:
         if name in _PASS_THROUGH:
             return self.sink(call, depth + 1)
         if name in _MATERIALISE:
-            return None if self.discarded(call) else call
+            return self._materialised(call, depth)
         if self.ordered or name in _INDEXING or name.startswith(("random.", "numpy.random.")) or (
                 name.endswith(".join") or call.func.__class__ is ast.Attribute and call.func.attr == "join"):
             return call  # enumerate, zip, join, sampling, a Dataset built from a listing: the order becomes data
         return None  # a set passed to an unknown function (perhaps only for membership)
 
-    def discarded(self, node: ast.AST) -> bool:
-        """Whether a list built from the value loses its order: sorted, counted, or stored and sorted later."""
-        parent = self.m.parents.get(node)
-        if parent.__class__ is ast.Call and node is not parent.func:
-            return self._name(parent) in _ORDER_FREE
-        if parent.__class__ in (ast.Assign, ast.AnnAssign):
-            targets = parent.targets if parent.__class__ is ast.Assign else [parent.target]
-            return len(targets) == 1 and self.sorted_later(dotted(targets[0]))
-        return False
+    def _materialised(self, node: ast.AST, depth: int) -> ast.AST | None:
+        """``node`` builds a list (or tuple) in the value's order: where that list's order is observed (for a
+        set, the list itself is reported), or None when it is only sorted, counted or tested."""
+        ordered = self if self.ordered else _Orders(self.m, self.scope, ordered=True)
+        found = ordered.sink(node, depth + 1)
+        return None if found is None else (found if self.ordered else node)
 
     def _stored(self, assign: ast.Assign | ast.AnnAssign, depth: int) -> ast.AST | None:
         targets = assign.targets if assign.__class__ is ast.Assign else [assign.target]
@@ -378,6 +375,10 @@ def _walk_unsorted(module: Module, scope: Scope, loop: ast.For) -> bool:
     names = [dotted(e) for e in target.elts] if target.__class__ is ast.Tuple else []
     dirs_sorted = files_sorted = False
     for node in _walk_body(loop):
+        if node.__class__ is ast.Assign and len(names) > 1 and any(  # dirs[:] = sorted(...)
+                t.__class__ is ast.Subscript and dotted(t.value) == names[1] for t in node.targets) and (
+                node.value.__class__ is ast.Call and module.is_builtin(node.value.func, "sorted")):
+            dirs_sorted = True
         if node.__class__ is ast.Call:
             func = node.func
             if func.__class__ is ast.Attribute and func.attr == "sort" and len(names) > 1 \

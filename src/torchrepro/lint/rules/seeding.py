@@ -304,24 +304,46 @@ def _is_torch_generator(module: Module, scope: Scope, expr: ast.AST) -> bool:
 
 
 def _entropy_source(module: Module, scope: Scope, expr: ast.AST, depth: int) -> str:
-    """What makes ``expr`` differ from run to run ("" if nothing visible)."""
-    for node in ast.walk(expr):
-        cls = node.__class__
-        if cls is ast.Call:
-            qual = module.qual(node.func)
-            source = K.NONDETERMINISTIC_SOURCES.get(qual or "")
-            if source:
-                return source
-            if module.is_builtin(node.func, "id"):
-                return K.NONDETERMINISTIC_SOURCES["id"]
-            if module.is_builtin(node.func, "hash") and node.args and _stringy(node.args[0]):
-                return "hash() of a str, which is randomised per process unless PYTHONHASHSEED is set"
-        elif cls is ast.Name and depth < 3:
-            for value in scope.values_of(node.id):
-                source = _entropy_source(module, scope, value, depth + 1)
-                if source:
-                    return source
+    """What makes ``expr`` differ from run to run, when it always does ("" if not, or only in a fallback:
+    ``seed or int(time.time())``, a name also assigned a fixed value, a function parameter)."""
+    cls = expr.__class__
+    if cls is ast.Call:
+        qual = module.qual(expr.func)
+        source = K.NONDETERMINISTIC_SOURCES.get(qual or "")
+        if source:
+            return source
+        if module.is_builtin(expr.func, "id"):
+            return K.NONDETERMINISTIC_SOURCES["id"]
+        if module.is_builtin(expr.func, "hash") and expr.args and _stringy(expr.args[0]):
+            return "hash() of a str, which is randomised per process unless PYTHONHASHSEED is set"
+    if cls is ast.BoolOp or cls is ast.IfExp:
+        branches = expr.values if cls is ast.BoolOp else [expr.body, expr.orelse]
+        sources = [_entropy_source(module, scope, b, depth) for b in branches]
+        return sources[0] if all(sources) else ""
+    if cls is ast.Name:
+        values = scope.values_of(expr.id)
+        if depth >= 3 or not values or _is_parameter(scope, expr.id):
+            return ""
+        sources = [_entropy_source(module, scope, v, depth + 1) for v in values]
+        return sources[0] if all(sources) else ""
+    for child in ast.iter_child_nodes(expr):  # arithmetic or conversion of a varying value varies too
+        source = _entropy_source(module, scope, child, depth)
+        if source:
+            return source
     return ""
+
+
+def _is_parameter(scope: Scope | None, name: str) -> bool:
+    while scope is not None:
+        node = scope.node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            if any(a.arg == name for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)):
+                return True
+        if name in scope.assigns:
+            return False
+        scope = scope.parent
+    return False
 
 
 def _stringy(expr: ast.AST) -> bool:
