@@ -54,15 +54,9 @@ _COMPUTE_PACKAGES = ("scipy", "torchvision", "torchaudio", "torchtext", "timm", 
 _PACKAGE_REASON = ("a library in the compute or data path: a new version can change kernels, defaults, "
                    "initialisation or augmentation")
 
-# First matching row wins: specific rows come before the catch-alls of their section.
+# First matching row wins: specific rows come before the catch-alls of their section. Within a rank, differences
+# are listed in the order of their rows (the torch version before thread counts before seeds).
 RANK_TABLE: tuple[RankRule, ...] = (
-    # what the two runs were launched with
-    RankRule("launch.seed", BREAKS, "another seed gives other random numbers: initial weights, data order, "
-             "dropout masks"),
-    RankRule("launch.pythonhashseed", BREAKS, "another str hash seed changes set and dict-of-str iteration order"),
-    RankRule("launch.deterministic", BREAKS, "deterministic mode selects other kernels (and raises for some ops)"),
-    RankRule("launch.command", BREAKS, "another command line: other script arguments"),
-    RankRule("launch.*", BENIGN, "does not change what each step computes"),
     # torch and the CUDA stack
     RankRule("torch", BREAKS, "another torch version ships other kernels and reduction orders"),
     RankRule("torch_build.git_version", BREAKS, "another torch build ships other kernels"),
@@ -130,6 +124,13 @@ RANK_TABLE: tuple[RankRule, ...] = (
     RankRule("env.*CACHE*", BENIGN, "where compiled kernels are cached, not what they compute"),
     RankRule("env.CUDA_VISIBLE_DEVICES", MAY, "another GPU (or another number of GPUs) is used"),
     RankRule("env.*", MAY, "a variable read by torch or its libraries"),
+    # what the two runs were launched with
+    RankRule("launch.seed", BREAKS, "another seed gives other random numbers: initial weights, data order, "
+             "dropout masks"),
+    RankRule("launch.pythonhashseed", BREAKS, "another str hash seed changes set and dict-of-str iteration order"),
+    RankRule("launch.deterministic", BREAKS, "deterministic mode selects other kernels (and raises for some ops)"),
+    RankRule("launch.command", BREAKS, "another command line: other script arguments"),
+    RankRule("launch.*", BENIGN, "does not change what each step computes"),
     # software around torch
     RankRule("packages.torch", BREAKS, "another torch version ships other kernels and reduction orders"),
     RankRule("packages.nvidia-cublas*", BREAKS, "another cuBLAS version has other matmul kernels"),
@@ -148,6 +149,11 @@ RANK_TABLE: tuple[RankRule, ...] = (
     RankRule("git.changes_sha256", MAY, "other uncommitted changes to the code"),
     RankRule("*", BENIGN, "does not change what is computed"),
 )
+
+
+def _order(change: EnvChange) -> tuple[int, int]:
+    """Rank first, then the row of the table (stable sort keeps keys alphabetical within a row)."""
+    return RANKS.index(change.rank), RANK_TABLE.index(rank_of(change.key))
 
 
 def rank_of(key: str) -> RankRule:
@@ -291,11 +297,12 @@ def diff_environments(a: dict[str, Any], b: dict[str, Any], *, label_a: str = "A
     fb = {k: v for k, v in flatten(b).items() if k.split(".")[0] not in _NOT_COMPARED}
     changes = []
     for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
+        unset = None if key.startswith("env.") else _MISSING  # a variable not recorded was not set
+        va, vb = fa.get(key, unset), fb.get(key, unset)
         if (va != vb or type(va) is not type(vb)) and not _implied(key, fa, fb):
             rule = rank_of(key)
             changes.append(EnvChange(key, va, vb, rule.rank, rule.reason))
-    changes.sort(key=lambda c: RANKS.index(c.rank))
+    changes.sort(key=_order)
     return EnvDiff(label_a, label_b, changes)
 
 
@@ -353,7 +360,7 @@ def diff_runs(runs: list[Run]) -> EnvDiff:
         for change in diff_environments(base, run_environment(other), label_a="run 1", label_b=f"run {i}").changes:
             merged.setdefault(change.key, change)
     label_b = "run 2" if len(runs) == 2 else f"runs 2-{len(runs)}"
-    return EnvDiff("run 1", label_b, sorted(merged.values(), key=lambda c: RANKS.index(c.rank)))
+    return EnvDiff("run 1", label_b, sorted(merged.values(), key=_order))
 
 
 def verdict_note(verdict: str, diff: EnvDiff) -> str | None:

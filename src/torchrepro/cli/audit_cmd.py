@@ -42,8 +42,7 @@ def render_report(report: AuditReport) -> str:
              + (f"{len(report.findings)} finding(s)" if report.findings else "no findings")]
     for item in report.items:
         lines.append(f"  {_MARK[item.severity]}  {item.area:<31} {item.title}")
-        if item.severity != "ok":
-            lines.append(f"          {item.state}")
+        lines.append(f"          {item.state}")
         if item.finding and item.fix:
             lines.append(f"          fix: {item.fix}")
     lines += [f"Note:  {note}" for note in report.notes]
