@@ -140,6 +140,7 @@ class LaunchOptions:
     trace_steps: list[int] | None = None  # [first, last] steps to trace op by op (see optrace)
     trace_mode: str = "optimizer"
     extra_env: dict[str, str] = field(default_factory=dict)
+    audit: bool = False  # watch seeding, DataLoaders, autocast and CUBLAS_WORKSPACE_CONFIG (envinfo.ScriptProbe)
 
 
 @dataclass
@@ -324,6 +325,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             "seed": opts.seed,
             "deterministic": opts.deterministic,
             "max_steps": opts.max_steps,
+            "trace_steps": opts.trace_steps,
             "pythonhashseed": hash_seed(opts),
             "torch": torch.__version__,
             "started": started,
@@ -395,13 +397,14 @@ def _child_main(argv: list[str]) -> int:
     _die_with_parent(int(os.environ.pop(PARENT_ENV)) if os.environ.get(PARENT_ENV, "").isdigit() else None)
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     from . import determinism, seeding
-    from .envinfo import environment_summary
+    from .envinfo import ScriptProbe, environment_summary
     from .record import MaxStepsReached, Recorder
 
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
     if opts.deterministic:
         determinism.deterministic(True)
+    probe = ScriptProbe().install() if opts.audit else None
     recorder = None
     if opts.record:
         recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps,
@@ -435,6 +438,8 @@ def _child_main(argv: list[str]) -> int:
             summary = recorder.finish()
             summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
             summary["environment"] = environment_summary()
+            if probe is not None:
+                summary["audit_probe"] = probe.facts()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()
     sys.stderr.flush()
