@@ -8,11 +8,11 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 
 LAYERS = {
-    0: {"errors", "fingerprint", "_compat", "_io", "_version"},
-    1: {"seeding", "determinism", "rng", "data", "checkpoint"},
-    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir"},
-    3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit"},
-    4: {"cli", "report", "__init__", "__main__"},
+    0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table"},
+    1: {"seeding", "determinism", "rng", "data", "checkpoint", "models"},
+    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics"},
+    3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance"},
+    4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 

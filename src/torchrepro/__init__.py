@@ -25,6 +25,8 @@ from .errors import (
     StateFileError,
 )
 from .fingerprint import fingerprint, fingerprint_many
+from .measure import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
+from .metrics import log_metric
 from .optrace import trace_ops
 from .record import watch
 from .resume import ResumeReport, verify_resume
@@ -49,6 +51,7 @@ __all__ = [
     "EnvFileError",
     "Environment",
     "MissingGeneratorError",
+    "NondeterminismReport",
     "RNGState",
     "ReproError",
     "ReproWarning",
@@ -57,7 +60,9 @@ __all__ = [
     "RunDirError",
     "ScriptError",
     "StateFileError",
+    "TOLERANCES",
     "__version__",
+    "assert_deterministic",
     "audit",
     "current_config",
     "derive_seed",
@@ -70,7 +75,9 @@ __all__ = [
     "isolate_rng",
     "load_checkpoint",
     "load_rng_state",
+    "log_metric",
     "make_generator",
+    "measure_nondeterminism",
     "register_generator",
     "save_checkpoint",
     "save_rng_state",

@@ -141,6 +141,8 @@ class LaunchOptions:
     trace_mode: str = "optimizer"
     extra_env: dict[str, str] = field(default_factory=dict)
     audit: bool = False  # watch seeding, DataLoaders, autocast and CUBLAS_WORKSPACE_CONFIG (envinfo.ScriptProbe)
+    timing: bool = False  # record step boundaries only (no fingerprints), device-synchronised: see bench
+    torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
 
 
 @dataclass
@@ -363,6 +365,40 @@ class _StepCounter:
 
 
 # --- the child side -----------------------------------------------------------------------------------
+def _set_tf32(on: bool) -> None:
+    """TF32 in cuBLAS matmuls and cuDNN convolutions/RNNs (through ``fp32_precision`` where torch has it)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        precision = "tf32" if on else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
+def _set_cudnn_benchmark(on: bool) -> None:
+    torch.backends.cudnn.benchmark = on
+
+
+TORCH_FLAGS = {"cudnn_benchmark": _set_cudnn_benchmark, "tf32": _set_tf32}
+
+
+def peak_memory() -> dict[str, Any]:
+    """This process's peak memory: CUDA ``max_memory_allocated`` (largest device) if CUDA was used, else peak RSS."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak = max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+        return {"kind": "cuda-max-allocated", "bytes": int(peak)}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    except (ImportError, OSError):
+        return {"kind": None, "bytes": None}
+    return {"kind": "max-rss", "bytes": int(rss) * (1 if sys.platform == "darwin" else 1024)}
+
+
 def _die_with_parent(parent: int | None) -> None:
     """Linux: get SIGTERM when the torchrepro parent dies (even by SIGKILL), so the script never outlives it."""
     if not sys.platform.startswith("linux"):
@@ -404,12 +440,14 @@ def _child_main(argv: list[str]) -> int:
         seeding.seed_everything(opts.seed)
     if opts.deterministic:
         determinism.deterministic(True)
+    for flag, value in opts.torch_flags.items():
+        TORCH_FLAGS[flag](value)
     probe = ScriptProbe().install() if opts.audit else None
     recorder = None
     if opts.record:
         recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
-                            trace_mode=opts.trace_mode).install()
+                            trace_mode=opts.trace_mode, timing=opts.timing).install()
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     code = 0
@@ -440,6 +478,7 @@ def _child_main(argv: list[str]) -> int:
             summary["environment"] = environment_summary()
             if probe is not None:
                 summary["audit_probe"] = probe.facts()
+            summary["peak_memory"] = peak_memory()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()
     sys.stderr.flush()

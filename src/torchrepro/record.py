@@ -172,6 +172,8 @@ class Recorder:
         max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps: optimizer
             steps, or, when no ``torch.optim`` optimizer exists, ``backward()`` calls (raised as the next
             ``backward()`` starts, so the hand update of the last step is done and recorded in ``final``).
+        timing: record only step boundaries (``t`` of each event, taken after synchronising CUDA), no
+            fingerprints: what ``torchrepro bench`` times.
     """
 
     def __init__(
@@ -184,8 +186,10 @@ class Recorder:
         values_budget: int = DEFAULT_VALUES_BUDGET,
         trace_steps: tuple[int, int] | None = None,
         trace_mode: str = "optimizer",
+        timing: bool = False,
     ) -> None:
         self.trace = TraceWriter(run_dir)
+        self.timing = timing
         # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
         self.trace_steps = trace_steps
         self.trace_mode = trace_mode
@@ -248,6 +252,8 @@ class Recorder:
     # --- fingerprinting helpers -------------------------------------------------------------------------
     def _fps(self, named: Mapping[str, torch.Tensor | None]) -> dict[str, str | None]:
         """Fingerprints by name; a tensor that cannot be read is recorded as ``"unreadable: <reason>"``."""
+        if self.timing:
+            return dict.fromkeys(named)
         keys = [k for k, v in named.items() if v is not None]
         tensors: list[torch.Tensor] = [named[k] for k in keys]  # type: ignore[misc]
         try:
@@ -272,10 +278,14 @@ class Recorder:
             _warn(message)
 
     def _now(self) -> float:
+        if self.timing and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # a step ends when its device work does
         return round(time.perf_counter() - self._t0, 6)
 
     # --- hooks ------------------------------------------------------------------------------------------
     def _on_batch(self, loader: Any, batch: Any) -> None:
+        if self.timing:
+            return
         idx = self._loaders.setdefault(loader, len(self._loaders))
         try:
             digest = fingerprint_object(batch)
@@ -453,6 +463,7 @@ class Recorder:
 
         self._handles.append(register_optimizer_step_post_hook(step_hook))
         self._active = True
+        _installed.append(self)
         return self
 
     def uninstall(self) -> None:
@@ -466,6 +477,13 @@ class Recorder:
             h.remove()
         self._handles.clear()
         self._active = False
+        if self in _installed:
+            _installed.remove(self)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Write a metric the script reports (``torchrepro.log_metric``) into the trace, with the step count."""
+        self.trace.write({"kind": "metric", "name": name, "value": float(value).hex(),
+                          "step": self.steps or self.backward_calls, "t": self._now()})
 
     def _final_params(self) -> dict[str, torch.Tensor]:
         if not self.steps:
@@ -505,6 +523,14 @@ class Recorder:
             "traced_steps": list(self.trace_steps) if self.trace_steps else None,
             "traced_ops": self._tracer.count if self._tracer else 0,
         }
+
+
+_installed: list[Recorder] = []  # recorders installed in this process, the latest last
+
+
+def current_recorder() -> Recorder | None:
+    """The recorder installed last in this process and still installed, or None."""
+    return _installed[-1] if _installed else None
 
 
 def _object_fp(value: Any) -> str:

@@ -14,10 +14,10 @@ from typing import NoReturn
 
 from .._version import __version__
 from ..errors import Interrupted, ReproError
-from . import audit_cmd, check_cmd, diff_cmd, env_cmd, lint_cmd, rule_cmd, run_cmd
+from . import audit_cmd, bench_cmd, check_cmd, diff_cmd, env_cmd, lint_cmd, rule_cmd, run_cmd, variance_cmd
 
 # Subcommand modules, each with add_parser(subparsers) and run(args) -> int.
-COMMANDS = [run_cmd, check_cmd, diff_cmd, env_cmd, audit_cmd, lint_cmd, rule_cmd]
+COMMANDS = [run_cmd, check_cmd, diff_cmd, env_cmd, audit_cmd, lint_cmd, rule_cmd, bench_cmd, variance_cmd]
 
 
 class UsageError(ReproError):

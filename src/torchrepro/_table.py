@@ -1,0 +1,34 @@
+"""Text tables for summaries (layer L0): rich's box drawing when rich is installed, plain columns otherwise."""
+
+from __future__ import annotations
+
+import io
+
+
+def render_table(headers: list[str], rows: list[list[str]], *, right: set[int] | frozenset[int] = frozenset(),
+                 width: int = 160) -> str:
+    """A table as text (no colour codes). Columns whose index is in ``right`` are right-aligned."""
+    try:
+        from rich import box
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        return _plain(headers, rows, right)
+    table = Table(*headers, box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+    for i, column in enumerate(table.columns):
+        column.justify = "right" if i in right else "left"
+        column.no_wrap = True
+    for row in rows:
+        table.add_row(*row)
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()).strip("\n")
+
+
+def _plain(headers: list[str], rows: list[list[str]], right: set[int] | frozenset[int]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join(line(r).rstrip() for r in [headers, *rows])

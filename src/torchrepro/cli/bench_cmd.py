@@ -1,0 +1,262 @@
+"""``torchrepro bench``: what deterministic mode (and other settings) costs per training step of your own script.
+
+Each variant runs the script ``--rounds`` times, ``--warmup`` + ``--steps`` steps each, in alternating order
+(A B B A ...) so that drift of the machine (clocks, temperature, other load) hits every variant alike. Steps are
+timed at the recorder's step boundaries (after each ``optimizer.step()``, or each ``backward()`` without an
+optimizer), after synchronising CUDA; warm-up steps are left out. ``--builtin resnet18`` times the bundled ResNet-18
+on synthetic images in fp32 and in bf16 autocast on the best available device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._io import atomic_write_json
+from .._table import render_table
+from ..errors import ScriptError
+from ..launcher import CommandError, LaunchOptions, parse_python_command
+from ..models import BUILTINS, PRECISIONS
+from ..outdir import lock_dir
+from ..variance import TimeStats, overhead_ci
+from ._series import Launched, output_dir, pyplot, run_series, save_figure
+from .run_cmd import positive_int, seed_arg
+
+SCHEMA = "torchrepro.bench/1"
+OWN_FILES = {"bench.json", "bench.png", "bench.txt"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    description: str
+    deterministic: bool = False
+    torch_flags: dict[str, bool] = field(default_factory=dict)
+    cuda_only: bool = False
+
+
+VARIANTS = {
+    "default": Variant("the script's own settings"),
+    "deterministic": Variant("torchrepro.deterministic(): deterministic algorithms, cuDNN deterministic, no "
+                             "cudnn.benchmark, CUBLAS_WORKSPACE_CONFIG", deterministic=True),
+    "cudnn-benchmark": Variant("torch.backends.cudnn.benchmark = True (cuDNN picks the fastest algorithm)",
+                               torch_flags={"cudnn_benchmark": True}, cuda_only=True),
+    "no-tf32": Variant("TF32 off in cuBLAS matmuls and cuDNN convolutions (full fp32)", torch_flags={"tf32": False},
+                       cuda_only=True),
+}
+
+
+def warmup_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}: the first step of a run has no "
+                                         "start boundary to time it from, so it is always a warm-up step")
+    return value
+
+
+def _list_arg(known: Any, what: str) -> Any:
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown) or '(empty list)'}; known: "
+                                             f"{', '.join(known)}")
+        return list(dict.fromkeys(names))
+
+    return parse
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="time a training script's steps under default and deterministic settings",
+                       usage="torchrepro bench [--steps K] [--warmup W] [--rounds R] [--variants LIST] [--json] "
+                             "[--out DIR] (-- python train.py [ARGS] | --builtin resnet18 [-- ARGS])")
+    p.add_argument("--steps", type=positive_int, default=20, metavar="K", help="timed steps per run (default 20)")
+    p.add_argument("--warmup", type=warmup_arg, default=5, metavar="W",
+                   help="steps before timing starts in each run (default 5, at least 1)")
+    p.add_argument("--rounds", type=positive_int, default=2, metavar="R",
+                   help="runs per variant, in alternating order (default 2)")
+    p.add_argument("--variants", metavar="LIST", type=_list_arg(VARIANTS, "variant"),
+                   help=f"comma-separated, the first is the baseline; known: {', '.join(VARIANTS)} (default: "
+                        "default,deterministic, plus cudnn-benchmark,no-tf32 when CUDA is available)")
+    p.add_argument("--builtin", choices=sorted(BUILTINS),
+                   help="time the bundled model on synthetic data in fp32 and bf16 autocast (arguments after -- go "
+                        "to it: --batch-size N --image-size N --device D)")
+    p.add_argument("--precisions", metavar="LIST", type=_list_arg(PRECISIONS, "precision"),
+                   help="with --builtin: fp32,bf16 (default both)")
+    p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before the script starts")
+    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: a new torchrepro-runs/bench-TIMESTAMP-PID)")
+    p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
+                   help="the training command (with --builtin: extra arguments for the bundled script)")
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class _Config:
+    label: str
+    precision: str | None
+    variant: str
+    command: list[str]
+    durations: list[float] = field(default_factory=list)  # ms
+    runs: list[str] = field(default_factory=list)
+    peaks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _configs(args: argparse.Namespace, command: list[str], variants: list[str]) -> list[_Config]:
+    if args.builtin is None:
+        if args.precisions is not None:
+            raise CommandError("--precisions needs --builtin (your own script sets its precision itself).")
+        if not command:
+            raise CommandError("no command given. Usage: torchrepro bench [OPTIONS] -- python train.py [ARGS], or "
+                               "torchrepro bench --builtin resnet18")
+        parse_python_command(command)  # a bad command is refused before any directory is made
+        return [_Config(v, None, v, command) for v in variants]
+    precisions = args.precisions or list(PRECISIONS)
+    total = args.warmup + args.steps
+    return [_Config(f"{p} {v}", p, v, [sys.executable, "-m", "torchrepro.models", "--model", args.builtin,
+                                       "--precision", p, "--steps", str(total), *command])
+            for p in precisions for v in variants]
+
+
+def _plan(configs: list[_Config], args: argparse.Namespace) -> list[tuple[_Config, LaunchOptions]]:
+    """Every config ``rounds`` times, the order reversed every other round (A B, B A, A B, ...)."""
+    plan = []
+    for r in range(args.rounds):
+        for c in configs if r % 2 == 0 else reversed(configs):
+            v = VARIANTS[c.variant]
+            opts = LaunchOptions(seed=args.seed, deterministic=v.deterministic, torch_flags=dict(v.torch_flags),
+                                 max_steps=args.warmup + args.steps, timing=True)
+            plan.append((c, opts))
+    return plan
+
+
+def _durations(run: Launched, index: int, total: int, warmup: int, steps: int) -> list[float]:
+    t = run.step_times
+    if len(t) < warmup + steps:
+        raise ScriptError(f"run {index} of {total} ({run.label}) made only {len(t)} steps; bench needs {warmup} "
+                          f"warm-up + {steps} timed steps per run. Lower --warmup/--steps, or let the script train "
+                          f"longer. Its output: {run.run_dir / 'stdout.txt'}")
+    return [(t[k] - t[k - 1]) * 1e3 for k in range(warmup, warmup + steps)]
+
+
+def _memory(peaks: list[dict[str, Any]]) -> dict[str, Any]:
+    known = [p for p in peaks if p and p.get("bytes") is not None]
+    if not known:
+        return {"bytes": None, "kind": None}
+    return {"bytes": max(p["bytes"] for p in known), "kind": known[0]["kind"]}
+
+
+def _results(configs: list[_Config]) -> list[dict[str, Any]]:
+    baselines: dict[str | None, _Config] = {}
+    for c in configs:
+        baselines.setdefault(c.precision, c)
+    out = []
+    for c in configs:
+        stats = TimeStats.of(c.durations)
+        base = baselines[c.precision]
+        overhead, lo, hi = (None, None, None) if base is c else overhead_ci(base.durations, c.durations)
+        out.append({"config": c.label, "precision": c.precision, "variant": c.variant, "baseline": base.label,
+                    "steps": stats.steps, "median_ms": stats.median, "q1_ms": stats.q1, "q3_ms": stats.q3,
+                    "iqr_ms": stats.iqr, "overhead": overhead, "overhead_ci": None if lo is None else [lo, hi],
+                    "peak_memory": _memory(c.peaks), "runs": c.runs, "step_ms": c.durations})
+    return out
+
+
+def _bytes(n: int | None, kind: str | None) -> str:
+    if n is None:
+        return "-"
+    size = f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return f"{size} {'CUDA' if kind == 'cuda-max-allocated' else 'RSS'}"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def render_bench(doc: dict[str, Any]) -> str:
+    rows = []
+    for r in doc["results"]:
+        over = "baseline" if r["overhead"] is None else \
+            f"{_pct(r['overhead'])} ({_pct(r['overhead_ci'][0])} to {_pct(r['overhead_ci'][1])})"
+        rows.append([r["config"], f"{r['median_ms']:.2f}", f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}", over,
+                     _bytes(r["peak_memory"]["bytes"], r["peak_memory"]["kind"])])
+    baseline = doc["results"][0]["variant"]
+    table = render_table(["variant", "ms/step (median)", "IQR (q1-q3)", f"overhead vs {baseline} (95% CI)",
+                          "peak memory"], rows, right={1, 2})
+    what = f"builtin {doc['builtin']}" if doc["builtin"] else f"`{' '.join(doc['command'])}`"
+    lines = [f"torchrepro bench: {what} on {doc['device']} ({doc['threads']} CPU threads, torch {doc['torch']})",
+             f"{doc['rounds']} run(s) per variant, each {doc['warmup']} warm-up + {doc['steps']} timed steps; "
+             f"run order: {', '.join(doc['order'][:8])}{' ...' if len(doc['order']) > 8 else ''}", "", table]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    if doc.get("plot"):
+        lines.append(f"Plot: {doc['plot']}")
+    return "\n".join(lines)
+
+
+def plot_bench(doc: dict[str, Any], path: Path) -> Path | None:
+    plt = pyplot()
+    if plt is None:
+        return None
+    results = doc["results"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.boxplot([r["step_ms"] for r in results], showfliers=True)
+    ax1.set_xticks(range(1, len(results) + 1), [r["config"] for r in results], rotation=20, ha="right")
+    ax1.set_ylabel("ms per step")
+    ax1.set_title("Step times (warm-up excluded)")
+    others = [r for r in results if r["overhead"] is not None]
+    if others:
+        xs = range(len(others))
+        mids = [r["overhead"] * 100 for r in others]
+        err = [[m - r["overhead_ci"][0] * 100 for m, r in zip(mids, others)],
+               [r["overhead_ci"][1] * 100 - m for m, r in zip(mids, others)]]
+        ax2.bar(xs, mids, yerr=err, capsize=4, width=0.5, color="tab:orange")
+        ax2.set_xlim(-0.75, len(others) - 0.25)
+        ax2.set_xticks(list(xs), [r["config"] for r in others], rotation=20, ha="right")
+        ax2.axhline(0, color="black", linewidth=0.8)
+    ax2.set_ylabel("overhead vs baseline (%), 95% CI")
+    ax2.set_title("What each setting costs")
+    fig.suptitle(f"torchrepro bench on {doc['device']}")
+    return save_figure(fig, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.user_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    cuda = torch.cuda.is_available()
+    default = ["default", "deterministic", *(["cudnn-benchmark", "no-tf32"] if cuda else [])]
+    variants = args.variants or default
+    configs = _configs(args, command, variants)
+    notes = [f"{v} has no effect without CUDA" for v in variants if VARIANTS[v].cuda_only and not cuda]
+    out = output_dir(args.out, "bench", OWN_FILES)
+    plan = _plan(configs, args)
+    with lock_dir(out):
+        launched = run_series(out, [(c.label, c.command, o) for c, o in plan], what="bench")
+        for i, ((config, _), run) in enumerate(zip(plan, launched), start=1):
+            config.durations += _durations(run, i, len(plan), args.warmup, args.steps)
+            config.runs.append(run.run_dir.name)
+            config.peaks.append((run.result.manifest or {}).get("peak_memory") or {})
+        manifest = launched[0].result.manifest or {}
+        doc = {"schema": SCHEMA, "command": command if args.builtin is None else configs[0].command,
+               "builtin": args.builtin, "device": manifest.get("device") or "cpu", "threads": torch.get_num_threads(),
+               "torch": torch.__version__, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+               "variants": {v: VARIANTS[v].description for v in variants}, "order": [c.label for c, _ in plan],
+               "results": _results(configs), "notes": notes, "exit_code": 0}
+        if str(doc["device"]).startswith("cpu") and cuda:
+            doc["notes"].append("CUDA is available but the script's parameters were on the CPU")
+        plot = plot_bench(doc, out / "bench.png")
+        doc["plot"] = str(plot) if plot else None
+        doc["out"] = str(out)
+        atomic_write_json(out / "bench.json", doc)
+        text = render_bench(doc)
+        (out / "bench.txt").write_text(text + "\n")
+    print(json.dumps(doc, indent=2) if args.json else text)
+    return 0
