@@ -201,9 +201,24 @@ def test_assert_deterministic_names_the_scatter_difference_and_the_fix():
                           "bitwise (atol=0, rtol=0)): output differs between call 1 and call ")
     assert " of 32000 elements differ (" in msg and "greatest |Δ| " in msg and "at index (" in msg
     assert "ULP of float32; largest ULP distance anywhere" in msg
-    assert "deterministic algorithms are off; call it under `with torchrepro.deterministic():`" in msg
+    assert "\nCause: a nondeterministic kernel: under torchrepro.deterministic() all 5 calls agree. Fix: run it " \
+           "under `with torchrepro.deterministic():`" in msg
     with torchrepro.deterministic():
         torchrepro.assert_deterministic(scatter_once, runs=5)
+
+
+@needs_threads
+def test_assert_deterministic_names_an_op_that_has_no_deterministic_kernel():
+    def scatter_then_put() -> torch.Tensor:
+        out = scatter_once().reshape(-1)
+        return out.put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))  # raises under deterministic mode on CPU
+
+    with pytest.raises(AssertionError) as info:
+        torchrepro.assert_deterministic(scatter_then_put, runs=3)
+    assert "\nCause: a kernel without a deterministic implementation: under torchrepro.deterministic() the call " \
+           "raises RuntimeError: put_ does not have a deterministic implementation, but you set " \
+           "'torch.use_deterministic_algorithms(True)'. Replace that operation" in str(info.value)
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_assert_deterministic_blames_state_under_deterministic_mode():
@@ -218,7 +233,11 @@ def test_assert_deterministic_blames_state_under_deterministic_mode():
     msg = str(info.value)
     assert "output['x'] differs between call 1 and call 2: 3 of 3 elements differ (100.00%); greatest |Δ| 1 at " \
            "index (0,): 1.0 vs 2.0" in msg
-    assert "state that the function changes or reads" in msg
+    assert "Cause: deterministic algorithms are on, so the difference comes from state that the function changes " \
+           "or reads" in msg
+    with pytest.raises(AssertionError, match="the calls differ under torchrepro.deterministic.. too, so the "
+                                             "difference comes from state"):
+        torchrepro.assert_deterministic(counter, runs=2)
 
 
 def test_tolerance_presets_accept_last_bit_noise_and_bitwise_does_not():

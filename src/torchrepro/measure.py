@@ -36,6 +36,7 @@ from torch import nn
 from ._modules import discover_models
 from ._table import render_table
 from .compare import tensor_delta
+from .determinism import deterministic
 from .fingerprint import fingerprint_many
 from .rng import RNGState
 
@@ -736,50 +737,79 @@ def _leaf_mismatch(a: Any, b: Any, atol: float, rtol: float) -> str | None:
     return None if same else f"is {a!r} in one call and {b!r} in the other"
 
 
-def _fix(dtype: str | None, bitwise: bool) -> str:
-    if not torch.are_deterministic_algorithms_enabled():
-        fix = ("Try: deterministic algorithms are off; call it under `with torchrepro.deterministic():` and assert "
-               "again (ops without a deterministic kernel then raise and name themselves; torchrepro.trace_ops or "
-               "`torchrepro check --locate` find the first op whose output differs).")
-    else:
-        fix = ("Try: deterministic algorithms are on, so the difference comes from state that the function changes "
-               "or reads: a module in train mode (BatchNorm running statistics), a global counter or cache, a "
-               "torch.Generator of its own (seed it inside the function, or register it with "
-               "torchrepro.register_generator so that it is restored), or uninitialised memory (torch.empty).")
-    if bitwise and dtype in ("float16", "bfloat16"):
-        preset = "fp16-autocast" if dtype == "float16" else "bf16-autocast"
-        fix += (f" If last-bit differences of {dtype} are acceptable here, compare with a tolerance: "
-                f"assert_deterministic(fn, ..., **torchrepro.TOLERANCES[{preset!r}]).")
-    return fix
+_STATE_CAUSE = ("state that the function changes or reads: a module in train mode (BatchNorm running statistics), "
+                "a global counter or cache, a torch.Generator of its own (seed it inside the function, or register "
+                "it with torchrepro.register_generator so that it is restored), or uninitialised memory "
+                "(torch.empty).")
+
+
+def _first_mismatch(call: Callable[[], Any], state: RNGState, runs: int, atol: float,
+                    rtol: float) -> tuple[str, str | None] | None:
+    """Call ``call()`` ``runs`` times, each from ``state``; the first difference from call 1 and its dtype."""
+    results = []
+    for _ in range(runs):
+        state.restore()
+        results.append(list(_leaves(call(), "output")))
+    paths = [p for p, _ in results[0]]
+    for i, result in enumerate(results[1:], start=2):
+        if [p for p, _ in result] != paths:
+            return (f"the structure of its result differs between call 1 and call {i}: {paths[:8]} vs "
+                    f"{[p for p, _ in result][:8]}", None)
+        for (path, a), (_, b) in zip(results[0], result):
+            text = _leaf_mismatch(a, b, atol, rtol)
+            if text is not None:
+                return f"{path} differs between call 1 and call {i}: {text}", _dtype_name(a) if isinstance(
+                    a, torch.Tensor) else None
+    return None
+
+
+def _diagnose(call: Callable[[], Any], state: RNGState, runs: int, atol: float, rtol: float) -> str:
+    """Why the calls differ: repeat them under deterministic mode (when it is off) and see what changes."""
+    if torch.are_deterministic_algorithms_enabled():
+        return f"Cause: deterministic algorithms are on, so the difference comes from {_STATE_CAUSE}"
+    try:
+        with deterministic():
+            again = _first_mismatch(call, state, runs, atol, rtol)
+    except Exception as exc:  # an op without a deterministic implementation raises under deterministic mode
+        first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")[:300] + "."
+        return (f"Cause: a kernel without a deterministic implementation: under torchrepro.deterministic() the call "
+                f"raises {type(exc).__name__}: {first} Replace that operation, or run it under "
+                "torchrepro.deterministic(warn_only=True) to list every such op.")
+    if again is None:
+        return (f"Cause: a nondeterministic kernel: under torchrepro.deterministic() all {runs} calls agree. Fix: run "
+                "it under `with torchrepro.deterministic():` (scripts: `torchrepro run --deterministic`); "
+                "torchrepro.trace_ops or `torchrepro check --locate` name the op.")
+    return f"Cause: the calls differ under torchrepro.deterministic() too, so the difference comes from {_STATE_CAUSE}"
 
 
 def find_nondeterminism(call: Callable[[], Any], *, runs: int = 3, atol: float = 0.0, rtol: float = 0.0,
                         what: str = "the function") -> str | None:
     """Call ``call()`` ``runs`` times from the same RNG state; None if every result matches the first, else the
-    message :func:`assert_deterministic` raises. The RNG is left as after the last call."""
+    message :func:`assert_deterministic` raises.
+
+    When the calls differ while deterministic algorithms are off, they are repeated under
+    :func:`torchrepro.deterministic` to tell a nondeterministic kernel from changing state. The RNG is left as
+    after the ``runs`` calls.
+    """
     state = RNGState.capture()
-    results = []
-    for _ in range(runs):
-        state.restore()
-        results.append(list(_leaves(call(), "output")))
+    found = _first_mismatch(call, state, runs, atol, rtol)
+    if found is None:
+        return None
+    problem, dtype = found
+    after = RNGState.capture()
+    try:
+        cause = _diagnose(call, state, runs, atol, rtol)
+    finally:
+        after.restore()
     bitwise = atol == 0 and rtol == 0
     tolerance = "bitwise (atol=0, rtol=0)" if bitwise else f"with atol={atol:g}, rtol={rtol:g}"
-    for i, result in enumerate(results[1:], start=2):
-        problem, path, dtype = None, None, None
-        if [p for p, _ in result] != [p for p, _ in results[0]]:
-            problem = (f"the structure of its result differs between call 1 and call {i}: "
-                       f"{[p for p, _ in results[0]][:8]} vs {[p for p, _ in result][:8]}")
-        else:
-            for (path, a), (_, b) in zip(results[0], result):
-                text = _leaf_mismatch(a, b, atol, rtol)
-                if text is not None:
-                    dtype = _dtype_name(a) if isinstance(a, torch.Tensor) else None
-                    problem = f"{path} differs between call 1 and call {i}: {text}"
-                    break
-        if problem is not None:
-            return (f"{what} is not deterministic ({runs} calls, each from the same RNG state; compared "
-                    f"{tolerance}): {problem}.\n{_fix(dtype, bitwise)}")
-    return None
+    text = f"{what} is not deterministic ({runs} calls, each from the same RNG state; compared {tolerance}): " \
+           f"{problem}.\n{cause}"
+    if bitwise and dtype in ("float16", "bfloat16"):
+        preset = "fp16-autocast" if dtype == "float16" else "bf16-autocast"
+        text += (f"\nIf last-bit differences of {dtype} are acceptable here, compare with a tolerance: "
+                 f"assert_deterministic(fn, ..., **torchrepro.TOLERANCES[{preset!r}]).")
+    return text
 
 
 def _check_tolerances(runs: Any, atol: Any, rtol: Any) -> None:

@@ -110,14 +110,14 @@ def torchrepro_seed(request: pytest.FixtureRequest) -> int:
 
 
 def _marker_options(marker: pytest.Mark) -> tuple[int, float, float]:
-    if marker.args and "runs" in marker.kwargs:
-        raise pytest.UsageError("@pytest.mark.reproducible: give runs once, e.g. reproducible(runs=3)")
-    runs = marker.args[0] if marker.args else marker.kwargs.get("runs", 2)
+    runs = marker.args[0] if len(marker.args) == 1 else marker.kwargs.get("runs", 2)
     atol, rtol = marker.kwargs.get("atol", 0.0), marker.kwargs.get("rtol", 0.0)
-    unknown = set(marker.kwargs) - {"runs", "atol", "rtol"}
-    if unknown or isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
-        raise pytest.UsageError(f"@pytest.mark.reproducible takes runs (an integer >= 2), atol and rtol; got "
-                                f"args {marker.args}, kwargs {marker.kwargs}")
+    wrong = (len(marker.args) > 1 or (marker.args and "runs" in marker.kwargs)
+             or set(marker.kwargs) - {"runs", "atol", "rtol"} or isinstance(runs, bool) or not isinstance(runs, int)
+             or runs < 2 or not all(isinstance(x, (int, float)) and x >= 0 for x in (atol, rtol)))
+    if wrong:
+        pytest.fail(f"@pytest.mark.reproducible takes runs (an integer >= 2), atol and rtol (numbers >= 0); got "
+                    f"args {marker.args}, kwargs {marker.kwargs}", pytrace=False)
     return runs, float(atol), float(rtol)
 
 
