@@ -215,6 +215,9 @@ def test_the_seed_is_one_difference_not_four(env_doc):
     # A hash seed the launcher did not derive from the seed is its own difference.
     odd = _with(launched(2), "env.PYTHONHASHSEED", "77")
     assert [c.key for c in diff_environments(launched(1), odd).changes] == ["env.PYTHONHASHSEED", "launch.seed"]
+    # The torch version is one difference, though the fingerprint holds it twice (torch and packages.torch).
+    newer = _with(_with(env_doc, "torch", "9.9.9"), "packages.torch", "9.9.9")
+    assert [c.key for c in diff_environments(env_doc, newer).changes] == ["torch"]
     # Launch options are compared only when both sides have them.
     assert diff_environments(env_doc, launched(1)).changes[0].key == "env.PYTHONHASHSEED"
 

@@ -272,10 +272,10 @@ def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
 
 # Sections that describe where and by whom a fingerprint was taken, not what computes: never compared.
 _NOT_COMPARED = ("schema", "host")
-# (key, source): the launcher sets ``key`` from ``source``; when it still holds the source's value on both sides,
-# only the source's difference is listed (a seed is one difference, not four).
+# (key, source): ``key`` follows from ``source`` (the launcher sets it, or it is the same fact); when it holds the
+# source's value on both sides, only the source's difference is listed (a seed is one difference, not four).
 IMPLIED = (("env.PYTHONHASHSEED", "launch.pythonhashseed"), ("env.TORCHREPRO_SEED", "launch.seed"),
-           ("launch.pythonhashseed", "launch.seed"))
+           ("launch.pythonhashseed", "launch.seed"), ("packages.torch", "torch"))
 
 
 def _implied(key: str, fa: dict[str, Any], fb: dict[str, Any]) -> bool:

@@ -181,7 +181,9 @@ def print_env_diff(diff: Any, *, title: str | None = None) -> None:
     for rank, style in zip(RANKS, ("bold red", "yellow", "dim")):
         changes = diff.of_rank(rank)
         if changes:
-            table = Table(title=RANK_TITLES[rank].capitalize(), title_style=style, title_justify="left")
+            more = len(changes) - ENV_TEXT_LIMIT[rank]
+            table = Table(title=RANK_TITLES[rank].capitalize(), title_style=style, title_justify="left",
+                          caption=f"... {more} more (--json lists every difference)" if more > 0 else None)
             for column in ("setting", "A → B", "why"):
                 table.add_column(column)
             for c in changes[:ENV_TEXT_LIMIT[rank]]:
