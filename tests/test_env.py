@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -318,3 +320,17 @@ def test_run_without_a_fingerprint_is_named(tmp_path, env_doc):
     (run / "manifest.json").write_text(json.dumps(manifest))
     assert torchrepro.envdiff.load_environment(run)["launch"] == {"seed": None, "deterministic": None,
                                                                   "pythonhashseed": None, "command": None}
+
+
+def test_env_command_leaves_out_user_and_home(tmp_path):
+    """The real command, in a fresh process whose user name and home are known markers."""
+    user = "zelda-user-4711"
+    home = tmp_path / user
+    home.mkdir()
+    env = {**os.environ, "USER": user, "LOGNAME": user, "HOME": str(home), "NCCL_DEBUG_FILE": f"{home}/nccl.log",
+           "TORCHINDUCTOR_CACHE_DIR": f"/tmp/torchinductor_{user}"}
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "env", "--json"], capture_output=True, text=True,
+                       timeout=120, cwd=home, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "4711" not in p.stdout and str(tmp_path) not in p.stdout
+    assert json.loads(p.stdout)["env"]["NCCL_DEBUG_FILE"] == "~/nccl.log"
