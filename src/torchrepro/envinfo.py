@@ -424,10 +424,8 @@ class Environment:
 
 
 # The JSON type of each field, checked by Environment.from_json.
-_FIELD_TYPES: dict[str, type] = {"schema": str, "torchrepro": str, "torch": str, "device_kind": str,
-                                 "accelerators": list, **{f.name: dict for f in fields(Environment)
-                                                          if f.name not in ("schema", "torchrepro", "torch",
-                                                                            "device_kind", "accelerators")}}
+_NOT_DICT: dict[str, type] = {"schema": str, "torchrepro": str, "torch": str, "device_kind": str, "accelerators": list}
+_FIELD_TYPES: dict[str, type] = {f.name: _NOT_DICT.get(f.name, dict) for f in fields(Environment)}
 
 # Sections in the order they are collected and printed: (field, collector). The collectors that need an
 # argument (env, git, host) are called in environment().
