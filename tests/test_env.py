@@ -271,6 +271,8 @@ def test_env_diff_exit_codes_and_json(tmp_path, capsys, env_doc):
     assert doc["counts"] == {BREAKS: 1, MAY: 0, BENIGN: 0}
     assert doc["changes"] == [{"key": "threads.intra_op", "a": env_doc["threads"]["intra_op"], "b": 99,
                                "only_in": None, "rank": BREAKS, "reason": rank_of("threads.intra_op").reason}]
+    assert main(["env", "--json", "diff", a, threads]) == 1  # --json before the action works too
+    assert json.loads(capsys.readouterr().out)["counts"][BREAKS] == 1
     assert main(["env", "diff", a, threads]) == 1
     out = capsys.readouterr().out
     assert out.startswith(f"Environment differences ({a} → {threads}): breaks bitwise equality 1\n")

@@ -34,13 +34,14 @@ def add_parser(sub: Any) -> None:
                    help="also record host name, user name, home and working directory (left out by default)")
     p.set_defaults(handler=run)
     actions = p.add_subparsers(dest="env_action", metavar="diff")
-    d = actions.add_parser("diff", help="rank the differences between two environments",
+    d = actions.add_parser("diff", prog="torchrepro env diff", help="rank the differences between two environments",
                            description="Compare two environments: env JSON files (`torchrepro env --json -o FILE`) "
                            "or run directories (`torchrepro run --record DIR`). Exit 1 when a difference breaks "
                            "bitwise equality, 0 otherwise, 2 when an input cannot be read.")
     d.add_argument("a", metavar="A", help="env JSON file or run directory")
     d.add_argument("b", metavar="B", help="env JSON file or run directory")
-    d.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    d.add_argument("--json", action="store_true", default=argparse.SUPPRESS,  # `env --json diff A B` works too
+                   help="write one JSON document to stdout")
     d.set_defaults(handler=run_diff, command="env-diff")
 
 
