@@ -52,7 +52,8 @@ def test_diff_shows_seed_and_thread_differences(runs):
     for key, values in (("env.OMP_NUM_THREADS", "1 → 2"), ("launch.seed", "1 → 2"), ("threads.intra_op", "1 → 2")):
         assert any(line.split()[:4] == [key, *values.split()] for line in text.splitlines()), key
     assert ("Note:  The runs also differ in settings that break bitwise equality (intra-op threads 1 → 2, "
-            "OMP_NUM_THREADS 1 → 2, seed 1 → 2): the divergence may come from them") in text
+            "OMP_NUM_THREADS 1 → 2, seed 1 → 2): the divergence may come from them rather than from nondeterminism. "
+            "Record both with `torchrepro run --record DIR --trace-steps K`") in text
     doc = json.loads(cli("diff", "run_a", "run_b", "--out", "d1", "--json", cwd=runs).stdout)
     changes = doc["environment_diff"]["changes"]
     assert [(c["key"], c["a"], c["b"], c["rank"]) for c in changes] == [
@@ -78,6 +79,7 @@ def test_diff_locate_names_the_op_and_the_setting(runs):
     assert (f"  Why: the kernel of `aten.sum` in `1` ({SCRIPT}:13) gives other bits in run B from identical inputs; "
             "B differs by: intra-op threads 1 → 2, OMP_NUM_THREADS 1 → 2, seed 1 → 2\n") in p.stdout
     assert "  Fix: Give B the settings of A (intra-op threads 1, OMP_NUM_THREADS 1, seed 1) to get A's bits" in p.stdout
+    assert "come from them rather than from nondeterminism.\n" in p.stdout  # no hint to run what is running
     loc = json.loads((runs / "d3" / "locate.json").read_text())
     assert loc["verdict"] == "origin" and loc["op"]["op"] == "aten.sum" and loc["op"]["phase"] == "forward"
     assert loc["op"]["in"] == loc["op_other_run"]["in"] and loc["op"]["out"] != loc["op_other_run"]["out"]

@@ -363,18 +363,22 @@ def diff_runs(runs: list[Run]) -> EnvDiff:
     return EnvDiff("run 1", label_b, sorted(merged.values(), key=_order))
 
 
-def verdict_note(verdict: str, diff: EnvDiff) -> str | None:
-    """What the environment differences mean for a comparison's verdict (None when nothing breaks bitwise)."""
+def verdict_note(verdict: str, diff: EnvDiff, *, locate_hint: bool = True) -> str | None:
+    """What the environment differences mean for a comparison's verdict (None when nothing breaks bitwise).
+
+    ``locate_hint``: end a divergence's note with how to find the op that computes differently.
+    """
     if not diff.breaks_bitwise:
         return None
     what = diff.summary()
     if verdict == "identical":
         return (f"The runs are bitwise identical although they differ in settings that can break bitwise equality "
                 f"({what}): this script's results do not depend on them (e.g. it seeds itself).")
-    return (f"The runs also differ in settings that break bitwise equality ({what}): the divergence may come from "
-            "them rather than from nondeterminism. Record both with `torchrepro run --record DIR --trace-steps K` "
-            "(K = the first divergent step) and run `torchrepro diff --locate` to name the first operation that "
-            "computes differently.")
+    note = (f"The runs also differ in settings that break bitwise equality ({what}): the divergence may come from "
+            "them rather than from nondeterminism.")
+    return note + (" Record both with `torchrepro run --record DIR --trace-steps K` (K = the first divergent step) "
+                   "and run `torchrepro diff --locate` to name the first operation that computes differently."
+                   if locate_hint else "")
 
 
 def locate_between(run_a: Run, run_b: Run, diff: EnvDiff | None, *, first_step: int | None) -> dict[str, Any]:

@@ -146,11 +146,15 @@ class EnvironmentDifferences:
     diff: EnvDiff | None
     problem: str | None = None
     quiet_if_same: bool = False  # check: say nothing when its runs' environments are the same (the usual case)
+    locate_hint: bool = True  # suggest `diff --locate` (not when it is running)
 
     def to_json(self, verdict: str) -> dict[str, Any]:
         if self.diff is None:
             return {"compared": False, "problem": self.problem}
-        return self.diff.to_json() | {"compared": True, "note": verdict_note(verdict, self.diff)}
+        return self.diff.to_json() | {"compared": True, "note": self.note(verdict)}
+
+    def note(self, verdict: str) -> str | None:
+        return verdict_note(verdict, self.diff, locate_hint=self.locate_hint) if self.diff is not None else None
 
     def render(self, verdict: str) -> str | None:
         if self.diff is None:
@@ -158,7 +162,7 @@ class EnvironmentDifferences:
         if self.quiet_if_same and not self.diff.changes:
             return None
         text = render_env_diff(self.diff)
-        note = verdict_note(verdict, self.diff)
+        note = self.note(verdict)
         return text + (f"\nNote:  {note}" if note else "")
 
 

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     env_diff = environment_differences(runs)
     located = None
     if args.locate:
+        env_diff.locate_hint = False
         located = locate_between(runs[0], runs[1], env_diff.diff, first_step=result.first_step)
     out = output_dir(args.out, "diff")
     with lock_dir(out):
