@@ -6,7 +6,9 @@ Exit codes: 0 clean/identical, 1 divergence or findings, 2 usage or input error,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -92,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(command, as_json, "torchrepro: error: ", str(exc), 2, stderr=getattr(exc, "stderr_path", None))
     except KeyboardInterrupt:
         return _fail(command, as_json, "torchrepro: ", "interrupted", 130)
+    except BrokenPipeError:  # `torchrepro ... | head`: the reader left; not an error of ours
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         traceback.print_exc()
         return _fail(command, as_json, "torchrepro: ", f"internal error (a bug in torchrepro: {type(exc).__name__}: "
