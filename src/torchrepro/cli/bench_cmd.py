@@ -238,12 +238,14 @@ def run(args: argparse.Namespace) -> int:
     notes = [f"{v} has no effect without CUDA" for v in variants if VARIANTS[v].cuda_only and not cuda]
     out = output_dir(args.out, "bench", OWN_FILES)
     plan = _plan(configs, args)
+    def after(i: int, run: Launched) -> None:  # check each run as it ends: a script that stops early fails fast
+        config = plan[i - 1][0]
+        config.durations += _durations(run, i, len(plan), args.warmup, args.steps)
+        config.runs.append(run.run_dir.name)
+        config.peaks.append((run.result.manifest or {}).get("peak_memory") or {})
+
     with lock_dir(out):
-        launched = run_series(out, [(c.label, c.command, o) for c, o in plan], what="bench")
-        for i, ((config, _), run) in enumerate(zip(plan, launched), start=1):
-            config.durations += _durations(run, i, len(plan), args.warmup, args.steps)
-            config.runs.append(run.run_dir.name)
-            config.peaks.append((run.result.manifest or {}).get("peak_memory") or {})
+        launched = run_series(out, [(c.label, c.command, o) for c, o in plan], what="bench", after=after)
         manifest = launched[0].result.manifest or {}
         doc = {"schema": SCHEMA, "command": command if args.builtin is None else configs[0].command,
                "builtin": args.builtin, "device": manifest.get("device") or "cpu", "threads": torch.get_num_threads(),
