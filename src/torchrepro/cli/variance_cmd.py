@@ -84,9 +84,14 @@ def _value(i: int, total: int, run: Launched, metric: str | None) -> float:
     return float.fromhex(mine[-1]["value"])
 
 
-def _final_params(run: Launched) -> Any:
-    finals = [e.get("params") for e in run.events if e.get("kind") == "final"]
-    return json.dumps(finals[-1], sort_keys=True) if finals else None
+def _params(run: Launched, kind: str) -> str | None:
+    """The parameter fingerprints of the run's ``init`` or ``final`` event (a key to compare runs), or None."""
+    found = [e.get("params") for e in run.events if e.get("kind") == kind]
+    return json.dumps(found[-1], sort_keys=True) if found and found[-1] else None
+
+
+def _all_same(keys: list[str | None]) -> bool | None:
+    return None if None in keys else len(set(keys)) == 1
 
 
 def render_variance(doc: dict[str, Any]) -> str:
@@ -117,6 +122,9 @@ def render_variance(doc: dict[str, Any]) -> str:
     if doc["final_params_identical"] is not None:
         lines.insert(4, "final parameters of the same-seed runs: " +
                      ("bitwise identical" if doc["final_params_identical"] else "differ"))
+    if doc["initial_params_same_across_seeds"]:
+        lines.insert(-1, "Note: the initial weights are bitwise identical for every seed: the script seeds its model "
+                         "with a constant (or loads fixed weights), so the seed reaches at most the data order.")
     if doc.get("plot"):
         lines.append(f"Plot: {doc['plot']}")
     return "\n".join(lines)
@@ -167,10 +175,11 @@ def run(args: argparse.Namespace) -> int:
             raise ScriptError(f"{exc}; a spread needs finite values. Look at that run's output in {out}.") from None
         report = analyze_variance(same_stats, seed_stats,
                                   value=f"metric {args.metric!r}" if args.metric else "final loss")
-        finals = {_final_params(by_label[lbl]) for lbl, _ in same}
-        doc: dict[str, Any] = {"command": command, **report.to_dict(), "deterministic": args.deterministic,
-                               "final_params_identical": None if None in finals else len(finals) == 1,
-                               "runs": {r.label: r.run_dir.name for r in launched}}
+        doc: dict[str, Any] = {
+            "command": command, **report.to_dict(), "deterministic": args.deterministic,
+            "final_params_identical": _all_same([_params(by_label[lbl], "final") for lbl, _ in same]),
+            "initial_params_same_across_seeds": _all_same([_params(by_label[lbl], "init") for lbl, _ in other]),
+            "runs": {r.label: r.run_dir.name for r in launched}}
         plot = plot_variance(report, out / "variance.png")
         doc.update(plot=str(plot) if plot else None, out=str(out), exit_code=0)
         atomic_write_json(out / "variance.json", doc)
