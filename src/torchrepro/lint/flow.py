@@ -2,9 +2,10 @@
 
 The walker starts at a module's top level (which includes its ``if __name__ == "__main__":`` block) and follows
 every call it can resolve to a project definition: functions, methods on ``self`` and on locals built from a
-project class, class constructors (``__init__``), ``super()``, functions passed as arguments (callbacks such as
-``mp.spawn(main_worker)``), and project modules imported (their top level runs at import). Branches count as
-taken and loops run once, so "seeded on the path" means "seeded on some path".
+project class, class constructors (``__init__``), ``super()``, and functions passed as arguments (callbacks such
+as ``mp.spawn(main_worker)``). The top-level code of imported project modules is not followed (that would mean
+reading a whole package for one file). Branches count as taken and loops run once, so "seeded on the path"
+means "seeded on some path".
 
 The result is a :class:`Summary`: the first occurrence of each kind of :class:`Event`, in execution order. An
 event carries the chain of call sites that led to it, so a rule can point at the line in the linted file.
@@ -316,7 +317,7 @@ class Walker:
                 if qual is None or qual[0] == "." or not _is_external(qual):
                     self._follow(module, scope, item, qual, out)
             elif cls is ast.Import or cls is ast.ImportFrom:
-                self._follow_import(module, item, out)
+                continue  # the top level of imported modules is not followed (see the module docstring)
             else:
                 for kind, lib, detail in store_events(module, item):
                     out.add(Event(kind, lib, ((module, item),), detail))
@@ -413,18 +414,6 @@ class Walker:
                     if isinstance(found, ClassInfo):
                         return found
         return None
-
-    def _follow_import(self, module: Module, node: ast.Import | ast.ImportFrom, out: Summary) -> None:
-        raws = ([alias.name for alias in node.names] if node.__class__ is ast.Import
-                else ["." * node.level + (node.module or "")])
-        for raw in raws:
-            if not raw.strip(".") and not raw:
-                continue
-            if raw[0] != "." and raw.partition(".")[0] in _EXTERNAL_TOPS:
-                continue
-            target = self.project.resolve(module, raw) if raw.strip(".") else None
-            if isinstance(target, Module) and target is not module:
-                self._inline(module, node, target.top, out)
 
 
 _EXTERNAL_TOPS = frozenset({"torch", "numpy", "random", "os", "sys", "time", "math", "json", "argparse",

@@ -28,6 +28,7 @@ _EXTERNAL = frozenset(sys.stdlib_module_names) | frozenset({
     "tensorflow", "sentencepiece", "tokenizers", "huggingface_hub", "safetensors", "rich", "absl",
 })
 MAX_SOURCE_BYTES = 20_000_000
+MAX_EXTRA_MODULES = 300  # project files read to follow imports, beyond the files being linted
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,19 @@ class Project:
         self._roots: dict[Path, Path | None] = {}
         self._found: dict[tuple[Path, tuple[str, ...]], Path | None] = {}
         self._closure: dict[Path, frozenset[Path]] = {}
+        self._extra = 0
 
     def add(self, module: Module) -> None:
         self._modules[_key(module.path)] = module
 
     def module_at(self, path: Path) -> Module | None:
+        """The parsed module at ``path`` (None if it cannot be parsed, or once :data:`MAX_EXTRA_MODULES` files
+        beyond the linted ones have been read: analysis then treats further helpers as unknown)."""
         key = _key(path)
         if key not in self._modules:
+            if self._extra >= MAX_EXTRA_MODULES:
+                return None
+            self._extra += 1
             loaded = read_module(path, str(path))
             self._modules[key] = loaded if isinstance(loaded, Module) else None
         return self._modules[key]

@@ -19,6 +19,7 @@ def main(args):
     np.random.seed(None)  # expect: TR105
     torch.seed()  # expect: TR105
     rng = np.random.default_rng(uuid.uuid4().int)  # expect: TR105
+    torch.cuda.manual_seed_all(int.from_bytes(os.urandom(4), "little"))  # expect: TR105
     set_seed(hash(args.run_name) % 2**32)  # expect: TR105
     random.seed(datetime.datetime.now().microsecond)  # expect: TR105
     g = torch.Generator()

@@ -24,6 +24,7 @@ class Model(nn.Module):
         out.scatter_add_(0, idx.unsqueeze(1).expand(-1, 8), src)  # expect: TR203
         out.index_put_((idx,), src, accumulate=True)  # expect: TR203
         out.index_put_((idx,), src)  # ok: accumulate=False
+        out.view(-1).put_(idx, src.view(-1)[: idx.numel()])  # expect: TR203
         y = F.interpolate(x, scale_factor=2, mode="bicubic")  # expect: TR203
         y = F.interpolate(y, scale_factor=2)  # ok: nearest
         y = F.interpolate(y, scale_factor=2, mode=self.mode)  # ok: not a literal
