@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_record_overhead.py
 	$(BIN)/python benchmarks/bench_optrace.py
 	$(BIN)/python benchmarks/bench_lint.py
+	$(BIN)/python benchmarks/bench_consistency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out

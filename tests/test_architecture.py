@@ -9,7 +9,7 @@ PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 
 LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table"},
-    1: {"seeding", "determinism", "rng", "data", "checkpoint", "models"},
+    1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics"},
     3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance"},
     4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},

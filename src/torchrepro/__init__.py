@@ -11,13 +11,16 @@ from .audit import AuditItem, AuditReport, audit
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import ResumableLoader, make_generator, seed_worker
 from .determinism import DeterminismConfig, current_config, deterministic
+from .distributed import ConsistencyReport, check_consistency, sync_rng_states
 from .envdiff import EnvChange, EnvDiff, diff_environments
 from .envinfo import Environment, environment, environment_summary
 from .errors import (
     CheckpointError,
+    CollectiveError,
     DeviceMismatchError,
     EnvFileError,
     MissingGeneratorError,
+    RankMismatchError,
     ReproError,
     ReproWarning,
     RunDirError,
@@ -44,6 +47,8 @@ __all__ = [
     "AuditItem",
     "AuditReport",
     "CheckpointError",
+    "CollectiveError",
+    "ConsistencyReport",
     "DeterminismConfig",
     "DeviceMismatchError",
     "EnvChange",
@@ -53,6 +58,7 @@ __all__ = [
     "MissingGeneratorError",
     "NondeterminismReport",
     "RNGState",
+    "RankMismatchError",
     "ReproError",
     "ReproWarning",
     "ResumableLoader",
@@ -64,6 +70,7 @@ __all__ = [
     "__version__",
     "assert_deterministic",
     "audit",
+    "check_consistency",
     "current_config",
     "derive_seed",
     "deterministic",
@@ -83,6 +90,7 @@ __all__ = [
     "save_rng_state",
     "seed_everything",
     "seed_worker",
+    "sync_rng_states",
     "trace_ops",
     "unregister_generator",
     "verify_resume",

@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,34 +17,28 @@ import torch
 
 from ._compat import np
 from .errors import InvalidSeedError
-from .seeding import derive_seed, seed_from_env, validate_seed
+from .seeding import current_rank, derive_seed, seed_from_env, shared_streams, stream_rank, validate_seed, world_size
 
-
-def current_rank() -> int:
-    """This process's global distributed rank (0 when not distributed)."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    for var in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+__all__ = ["ResumableLoader", "current_rank", "make_generator", "seed_worker", "worker_seed"]
 
 
 def worker_seed(base_seed: int, worker_id: int, rank: int | None = None) -> int:
-    """The seed of DataLoader worker ``worker_id`` on ``rank`` for a loader whose base seed is ``base_seed``."""
-    return derive_seed(base_seed, "worker", worker_id, "rank", current_rank() if rank is None else rank)
+    """The seed of DataLoader worker ``worker_id`` on ``rank`` for a loader whose base seed is ``base_seed``.
+
+    ``rank`` defaults to the stream rank (the ``rank=`` given to :func:`seed_everything`, else the global rank).
+    """
+    return derive_seed(base_seed, "worker", worker_id, "rank", stream_rank() if rank is None else rank)
 
 
 def seed_worker(worker_id: int) -> None:
     """A ``worker_init_fn`` that seeds ``random``, NumPy and torch in a DataLoader worker.
 
     The seed depends on the loader's base seed (drawn from its generator, so it changes each epoch and is
-    reproducible under :func:`torchrepro.seed_everything`), the worker id and the distributed rank.
+    reproducible under :func:`torchrepro.seed_everything`), the worker id and the distributed rank (rank 0 for
+    every rank when ``seed_everything(..., shared=...)`` includes ``"workers"``).
     """
     base = torch.initial_seed() - worker_id  # the loader's base_seed for this epoch
-    seed = worker_seed(base % 2**64, worker_id)
+    seed = worker_seed(base % 2**64, worker_id, rank=0 if "workers" in shared_streams() else None)
     random.seed(seed)
     if np is not None:
         np.random.seed(seed)
@@ -106,9 +99,13 @@ class _SeededSamples(torch.utils.data.Dataset):
 
 
 class _KeyBatches(torch.utils.data.Sampler):
-    """Batches of (epoch, position, index) keys for one epoch, starting at a given batch."""
+    """Batches of (epoch, position, index) keys for one epoch, starting at a given batch.
 
-    def __init__(self, order: list[int], epoch: int, batch_size: int, start_batch: int, drop_last: bool) -> None:
+    ``order`` holds (position in the epoch, dataset index) pairs: one rank's share of the epoch.
+    """
+
+    def __init__(self, order: list[tuple[int, int]], epoch: int, batch_size: int, start_batch: int,
+                 drop_last: bool) -> None:
         self.order, self.epoch, self.batch_size = order, epoch, batch_size
         self.start_batch, self.drop_last = start_batch, drop_last
 
@@ -123,10 +120,11 @@ class _KeyBatches(torch.utils.data.Sampler):
         for b in range(self.start_batch, self._n_batches()):
             lo = b * self.batch_size
             hi = min(lo + self.batch_size, len(self.order))
-            yield [(self.epoch, pos, self.order[pos]) for pos in range(lo, hi)]
+            yield [(self.epoch, *self.order[k]) for k in range(lo, hi)]
 
 
-_CONFIG_KEYS = ("dataset_len", "batch_size", "shuffle", "drop_last")  # must match the saving run
+# must match the saving run (num_replicas and rank are absent from states saved before sharding existed)
+_CONFIG_KEYS = ("dataset_len", "batch_size", "shuffle", "drop_last", "num_replicas", "rank")
 _POSITION_KEYS = ("epoch", "batches_consumed", "seed")  # the position to continue from
 
 
@@ -140,6 +138,13 @@ class ResumableLoader:
       so creating it or resuming it does not shift the RNG stream of the training loop (e.g. dropout).
     * ``state_dict()`` holds (epoch, batches consumed, seed); after ``load_state_dict`` iteration continues
       with the next batch the uninterrupted run would have seen, without loading the skipped samples.
+    * Across ranks it shards like ``DistributedSampler``: every rank draws the same permutation, pads it by
+      repeating its start to a multiple of ``num_replicas``, and takes positions ``rank, rank + num_replicas,
+      ...``. The shards are disjoint and together cover the dataset (the padding repeats at most
+      ``num_replicas - 1`` samples), every rank gets the same number of batches, and each sample's randomness
+      is seeded by its position in the whole epoch, so it does not depend on which rank loads it.
+      ``num_replicas``/``rank`` default to the process group's (else ``WORLD_SIZE``/``RANK``); pass
+      ``num_replicas=1, rank=0`` for the whole dataset on every rank.
 
     >>> loader = ResumableLoader(range(10), batch_size=4, seed=0)
     >>> first = next(iter(loader))
@@ -155,6 +160,8 @@ class ResumableLoader:
         seed: int | None = None,
         drop_last: bool = False,
         num_workers: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
         **dataloader_kwargs: Any,
     ) -> None:
         for bad in ("sampler", "batch_sampler", "generator", "worker_init_fn"):
@@ -163,6 +170,13 @@ class ResumableLoader:
         if seed is None:
             seed = seed_from_env()
         self.seed = validate_seed(seed if seed is not None else 0)
+        self.num_replicas = world_size() if num_replicas is None else num_replicas
+        self.rank = (current_rank() if self.num_replicas > 1 else 0) if rank is None else rank
+        if isinstance(self.num_replicas, bool) or not isinstance(self.num_replicas, int) or self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be a positive integer, got {num_replicas!r}.")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank must be an integer in [0, {self.num_replicas - 1}] (num_replicas="
+                             f"{self.num_replicas}), got {self.rank!r}.")
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -183,15 +197,26 @@ class ResumableLoader:
             self._it = iter(self)
             return next(self._it)
 
-    def _order(self, epoch: int) -> list[int]:
+    def _order(self, epoch: int) -> list[tuple[int, int]]:
+        """This rank's (position in the epoch, dataset index) pairs for ``epoch``."""
         n = len(self.dataset)
         if not self.shuffle:
-            return list(range(n))
-        g = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
-        return torch.randperm(n, generator=g).tolist()
+            order = list(range(n))
+        else:
+            g = torch.Generator().manual_seed(derive_seed(self.seed, "epoch", epoch))
+            order = torch.randperm(n, generator=g).tolist()
+        if self.num_replicas == 1:
+            return list(enumerate(order))
+        total = self._per_rank() * self.num_replicas
+        padded = (order * (-(-total // n)))[:total] if n else []
+        return [(pos, padded[pos]) for pos in range(self.rank, total, self.num_replicas)]
+
+    def _per_rank(self) -> int:
+        """Samples per rank and epoch (the padded dataset length over the ranks)."""
+        return -(-len(self.dataset) // self.num_replicas)
 
     def __len__(self) -> int:
-        n = len(self.dataset)
+        n = self._per_rank()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -214,7 +239,7 @@ class ResumableLoader:
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "batches_consumed": self.batches_consumed, "seed": self.seed,
                 "dataset_len": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "drop_last": self.drop_last}
+                "drop_last": self.drop_last, "num_replicas": self.num_replicas, "rank": self.rank}
 
     def state_dict_problems(self, state: Any) -> list[str]:
         """Every reason why ``state`` cannot be loaded into this loader; empty when it can."""

@@ -91,3 +91,31 @@ class EnvFileError(StateFileError):
 
 class TracesNotComparableError(ReproError):
     """Two op traces that cannot be compared op by op (``diff --locate``): they hold different steps."""
+
+
+class CollectiveError(ReproError):
+    """A collective that torchrepro started (``torchrepro.distributed``) did not complete within its time limit.
+
+    Another rank exited, crashed or is stuck. ``ranks`` are the group's ranks, ``rank`` this one, ``timeout_s``
+    the limit.
+    """
+
+    def __init__(self, message: str, *, ranks: list[int], rank: int, timeout_s: float) -> None:
+        self.ranks, self.rank, self.timeout_s = list(ranks), rank, timeout_s
+        super().__init__(message)
+
+
+class RankMismatchError(ReproError):
+    """Replicas that differ between ranks (``check_consistency(..., raise_on_mismatch=True)``).
+
+    ``report`` is the :class:`~torchrepro.distributed.ConsistencyReport`, naming each tensor and rank.
+    """
+
+    def __init__(self, report: object) -> None:
+        self.report = report
+        summary = report.summary()  # type: ignore[attr-defined]
+        super().__init__(f"{summary}\nReplicated tensors must be bitwise equal on every rank. Look for code that "
+                         "runs on some ranks only (`if rank == 0:` updates, per-rank RNG in the model), gradients "
+                         "that skip the all-reduce (no_sync, unused parameters), or buffers updated locally "
+                         "(BatchNorm running stats without SyncBatchNorm); `torchrepro check --nproc-per-node N` "
+                         "names the first step where they part.")

@@ -174,6 +174,9 @@ class Recorder:
             ``backward()`` starts, so the hand update of the last step is done and recorded in ``final``).
         timing: record only step boundaries (``t`` of each event, taken after synchronising CUDA), no
             fingerprints: what ``torchrepro bench`` times.
+        check_ranks_every: in a distributed program, run :func:`torchrepro.distributed.check_consistency`
+            after every N-th optimizer step on every rank, write its report into the trace (``"kind": "ranks"``)
+            and warn when replicas differ.
     """
 
     def __init__(
@@ -187,9 +190,11 @@ class Recorder:
         trace_steps: tuple[int, int] | None = None,
         trace_mode: str = "optimizer",
         timing: bool = False,
+        check_ranks_every: int | None = None,
     ) -> None:
         self.trace = TraceWriter(run_dir)
         self.timing = timing
+        self.check_ranks_every = check_ranks_every
         # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
         self.trace_steps = trace_steps
         self.trace_mode = trace_mode
@@ -404,8 +409,20 @@ class Recorder:
             self.values.submit(f"step_{self.steps:06d}", params)
         if self.trace_mode == "optimizer":
             self._trace_boundary(self.steps + 1)
+        if self.check_ranks_every and self.steps % self.check_ranks_every == 0:
+            self._check_ranks()
         if self.max_steps is not None and self.steps >= self.max_steps:
             self._stop()
+
+    def _check_ranks(self) -> None:
+        """Compare this step's replicas across ranks (a collective: every rank gets here at the same step)."""
+        from .distributed import check_consistency
+
+        models = self._models if self._models is not None else (self._discovered or discover_models())
+        report = check_consistency(models, list(self._optimizers), step=self.steps)
+        self.trace.write({"kind": "ranks", "t": self._now(), **report.to_dict()})
+        if not report.ok:
+            _warn(report.summary())
 
     # --- install / uninstall ----------------------------------------------------------------------------
     def install(self) -> Recorder:
@@ -550,6 +567,9 @@ class watch:  # noqa: N801 - reads as a function at call sites
     With ``max_steps=N`` the ``with`` block ends after step N: the step hook raises
     :class:`MaxStepsReached`, which unwinds the training code inside the block (running its ``finally``
     clauses) and is absorbed here, so the code after the ``with`` block runs.
+
+    With ``check_ranks_every=N`` (distributed programs) the replicas are compared across ranks after every N-th
+    optimizer step (:func:`torchrepro.distributed.check_consistency`); the reports go into the trace.
     """
 
     def __init__(
@@ -560,10 +580,12 @@ class watch:  # noqa: N801 - reads as a function at call sites
         run_dir: str | Path,
         keep_values: bool = True,
         max_steps: int | None = None,
+        check_ranks_every: int | None = None,
     ) -> None:
         models = {"": model} if isinstance(model, nn.Module) else dict(model)
         self.run_dir = Path(run_dir)
-        self.recorder = Recorder(run_dir, models=models, keep_values=keep_values, max_steps=max_steps)
+        self.recorder = Recorder(run_dir, models=models, keep_values=keep_values, max_steps=max_steps,
+                                 check_ranks_every=check_ranks_every)
         self.summary: dict[str, Any] | None = None
 
     def __enter__(self) -> Recorder:
