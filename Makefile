@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_optrace.py
 	$(BIN)/python benchmarks/bench_lint.py
 	$(BIN)/python benchmarks/bench_consistency.py
+	$(BIN)/python benchmarks/bench_measure.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchrepro
-from torchrepro.measure import _output_report
+from torchrepro.measure import _grad_reports, _output_report
 
 needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
 
@@ -271,3 +271,24 @@ def test_assert_deterministic_structure_and_argument_errors():
     with pytest.raises(ValueError, match="atol must be a number >= 0"):
         torchrepro.assert_deterministic(torch.rand, 3, atol=-1.0)
     assert math.isclose(torchrepro.TOLERANCES["bf16-autocast"]["rtol"], 2 * 2**-7, rel_tol=0.03)
+
+
+def test_cosine_distances_keep_last_bit_differences_and_ignore_scale():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1000, generator=g), torch.randn(10, generator=g)
+    a1 = a.clone()
+    a1[7] = torch.nextafter(a1[7], torch.tensor(10.0))  # one ULP
+    runs = [[a, b], [a1, b], [a * 2, b * 2], [a, b]]
+    reports, overall = _grad_reports(["a", "b"], runs)
+
+    def direct(x: torch.Tensor, y: torch.Tensor) -> float:
+        x, y = x.double(), y.double()
+        return float(0.5 * (x / x.norm() - y / y.norm()).square().sum())
+
+    d = reports[0].cosine_distance
+    assert d[0][1] == pytest.approx(direct(a, a1), rel=1e-6) and 0 < d[0][1] < 1e-15
+    assert d[0][2] < 1e-28 and d[0][3] == 0.0  # a scaled copy points the same way; run 4 is run 1 exactly
+    assert reports[0].cosine[0][1] == 1.0  # the float64 cosine cannot show it: the distance does
+    assert not reports[1].identical and reports[1].max_cosine_distance < 1e-28  # b and 2b: same direction
+    assert overall[0][1] == pytest.approx(direct(torch.cat([a, b]), torch.cat([a1, b])), rel=1e-6)
+    assert overall[0][3] == 0.0 and overall[0][2] < 1e-28

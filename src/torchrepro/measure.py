@@ -209,6 +209,13 @@ def _named(tensors: Sequence[torch.Tensor], names: dict[int, str]) -> list[str]:
     return out
 
 
+def _grad(t: torch.Tensor, *, copy: bool) -> torch.Tensor | None:
+    g = t.grad
+    if g is None:
+        return None
+    return _dense(g) if copy or g.layout != torch.strided else g.detach()
+
+
 def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -234,7 +241,8 @@ def _run_all(call: Callable[[], Any], snap: _Snapshot, modules: Mapping[str, nn.
     leaves: list[torch.Tensor] = []
     opt_params = [p for g in optimizer.param_groups for p in g["params"]] if optimizer is not None else []
     for r in range(runs):
-        snap.reset()
+        if r:  # run 1 starts from the state just taken (gradients already cleared)
+            snap.reset()
         loss, output = call()
         loss = _check_loss(loss)
         if r == 0:
@@ -247,9 +255,11 @@ def _run_all(call: Callable[[], Any], snap: _Snapshot, modules: Mapping[str, nn.
             out.names = _named(leaves, names)
             out.param_names = _named(opt_params, names)
         loss.backward()
+        # The next reset() sets every .grad to None, so backward() never writes into these tensors again: they are
+        # kept without a copy, unless an optimizer step (which may modify gradients in place) comes first.
+        out.grads.append([_grad(t, copy=optimizer is not None) for t in leaves])
         if optimizer is not None:
             optimizer.step()
-        out.grads.append([_dense(t.grad) for t in leaves])
         if optimizer is not None:
             out.params.append([p.detach().clone() for p in opt_params])
         out.losses.append(loss.detach().clone())
@@ -279,16 +289,14 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _classes(values: Sequence[torch.Tensor | None]) -> list[int]:
     """For each run, the first run bitwise equal to it (-1 where there is no value).
 
-    Fingerprints group the runs; an exact comparison confirms each match."""
+    Runs are grouped by :func:`~torchrepro.fingerprint.fingerprint` (one read of each tensor, on its device): equal
+    fingerprints mean equal bits up to the guarantee documented there (a collision has probability about 2**-64)."""
     present = [i for i, v in enumerate(values) if v is not None]
     fps = fingerprint_many([values[i] for i in present])  # type: ignore[misc]
     first: dict[str, int] = {}
     out = [-1] * len(values)
     for i, fp in zip(present, fps):
-        j = first.setdefault(fp, i)
-        if j != i and not torch.equal(_bits(values[i]), _bits(values[j])):  # type: ignore[arg-type]
-            j = i  # a fingerprint collision (about 2**-64): keep the runs apart
-        out[i] = j
+        out[i] = first.setdefault(fp, i)
     return out
 
 
@@ -377,16 +385,47 @@ def _report(name: str, kind: str, values: list[torch.Tensor]) -> TensorReport:
     return _extend(_spread(values, _classes(values)), TensorReport, name=name, kind=kind)
 
 
-def _distance_gram(rows: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
-    """Gram matrix of ``row_i / norm_i - row_0 / norm_0``: the differences are small, so nothing cancels later."""
-    safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-    d = rows / safe[:, None]
-    d = d - d[0]
-    return d @ d.t()
+@dataclass
+class _GramParts:
+    """Dot products of one tensor's distinct values (``x_c`` for each class c of runs, class 0 = run 1's value),
+    written as ``x_c = x_0 + δ_c`` so that differences never come from subtracting nearly equal dot products:
+    ``xx = x_0·x_0``, ``dx[c] = δ_c·x_0``, ``dd[c, c'] = δ_c·δ_c'``."""
+
+    xx: torch.Tensor
+    dx: torch.Tensor
+    dd: torch.Tensor
+
+    @classmethod
+    def of(cls, reps: list[torch.Tensor], sq_norm0: torch.Tensor) -> _GramParts:
+        if len(reps) == 1:  # every run equal: nothing to read again
+            zero = torch.zeros(1, dtype=torch.float64)
+            return cls(sq_norm0, zero, zero.reshape(1, 1))
+        rows = torch.stack([r.reshape(-1) for r in reps]).to(torch.float64).nan_to_num(0.0, 0.0, 0.0)
+        delta = rows - rows[0]  # exact: float32 values subtracted in float64
+        return cls(sq_norm0, (delta @ rows[0]).cpu(), (delta @ delta.t()).cpu())
+
+    def distance_gram(self, classes: list[int], norms: torch.Tensor) -> torch.Tensor:
+        """Gram matrix of ``d_i = x_i / norm_i - x_1 / norm_1`` over the runs (``norms`` per run)."""
+        reps = sorted(set(classes))
+        at = torch.tensor([reps.index(c) for c in classes])
+        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+        inv = torch.where(norms > 0, 1.0 / safe, torch.zeros_like(norms))
+        s = inv - inv[0]  # d_i = s_i x_0 + inv_i δ_i
+        w = inv * self.dx[at]
+        return (s[:, None] * s[None, :] * self.xx + s[:, None] * w[None, :] + w[:, None] * s[None, :]
+                + self.dd[at][:, at] * inv[:, None] * inv[None, :])
+
+
+def _sq_norm(t: torch.Tensor) -> torch.Tensor:
+    """Squared 2-norm in float64 over the finite elements, on the CPU."""
+    sq = torch.linalg.vector_norm(t, dtype=torch.float64).square().cpu()
+    if not torch.isfinite(sq):
+        sq = torch.linalg.vector_norm(t.nan_to_num(0.0, 0.0, 0.0), dtype=torch.float64).square().cpu()
+    return sq
 
 
 def _distances(gram: torch.Tensor, norms: torch.Tensor, classes: list[int]) -> list[list[float]]:
-    """``1 - cos`` for each pair of runs from a :func:`_distance_gram` (exactly 0 for bitwise-equal runs)."""
+    """``1 - cos`` for each pair of runs from a :meth:`_GramParts.distance_gram` (exactly 0 for equal runs)."""
     diag = gram.diagonal()
     dist = (0.5 * (diag[:, None] + diag[None, :] - 2 * gram)).clamp(0.0, 2.0)
     zero = norms == 0
@@ -397,21 +436,16 @@ def _distances(gram: torch.Tensor, norms: torch.Tensor, classes: list[int]) -> l
     return dist.tolist()
 
 
-def _rows(values: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The runs' values as float64 rows; NaN/Inf count as 0 (cosines are taken over the finite positions)."""
-    return torch.stack([v.reshape(-1) for v in values]).to(torch.float64).nan_to_num(0.0, 0.0, 0.0)
-
-
 def _grad_reports(names: list[str], grads: list[list[torch.Tensor | None]]) -> tuple[list[TensorReport],
                                                                                     list[list[float]]]:
     """Per-gradient reports, and the ``1 - cos`` matrix of all gradients concatenated.
 
-    Two passes, so that only one gradient at a time is held in float64: norms first, then Gram matrices."""
+    Only the distinct values of each gradient are read again (once, in float64): when every run agrees, the
+    cosines cost nothing beyond the fingerprints."""
     runs = len(grads)
     reports: list[TensorReport] = []
     classes_of: list[list[int]] = []
-    cosine_inputs: list[int] = []  # indices (into names) of gradients that enter the cosines
-    sq_norms = torch.zeros(runs, dtype=torch.float64)
+    parts: dict[int, tuple[_GramParts, torch.Tensor]] = {}  # index into names -> (parts, norm per run)
     for k, name in enumerate(names):
         values = [g[k] for g in grads]
         classes = _classes(values)
@@ -424,18 +458,20 @@ def _grad_reports(names: list[str], grads: list[list[torch.Tensor | None]]) -> t
             continue
         reports.append(_extend(_spread(values, classes), TensorReport, name=name))  # type: ignore[arg-type]
         if first.is_floating_point():
-            cosine_inputs.append(k)
-            sq_norms += torch.stack([torch.linalg.vector_norm(v.nan_to_num(0.0, 0.0, 0.0), dtype=torch.float64)
-                                     for v in values]).square().cpu()  # type: ignore[union-attr]
-    total = sq_norms.sqrt()
+            reps = sorted(set(classes))
+            sq = {c: _sq_norm(values[c]) for c in reps}  # type: ignore[arg-type]
+            gram_parts = _GramParts.of([values[c] for c in reps], sq[0])  # type: ignore[misc]
+            parts[k] = (gram_parts, torch.stack([sq[c] for c in classes]).sqrt())
+    total = torch.zeros(runs, dtype=torch.float64)
+    for _, norms in parts.values():
+        total += norms.square()
+    total = total.sqrt()
     total_gram = torch.zeros(runs, runs, dtype=torch.float64)
-    for k in cosine_inputs:
-        rows = _rows([g[k] for g in grads])  # type: ignore[misc]
-        norms = torch.linalg.vector_norm(rows, dim=1)
-        dist = _distances(_distance_gram(rows, norms).cpu(), norms.cpu(), classes_of[k])
+    for k, (gram_parts, norms) in parts.items():
+        dist = _distances(gram_parts.distance_gram(classes_of[k], norms), norms, classes_of[k])
         reports[k] = dataclasses.replace(reports[k], cosine=[[1.0 - x for x in row] for row in dist],
                                          cosine_distance=dist)
-        total_gram += _distance_gram(rows, total.to(rows.device)).cpu()
+        total_gram += gram_parts.distance_gram(classes_of[k], total)
     keys = [tuple(c[r] for c in classes_of) for r in range(runs)]
     first_of: dict[tuple[int, ...], int] = {}
     overall = [first_of.setdefault(key, r) for r, key in enumerate(keys)]
