@@ -277,14 +277,22 @@ def store_events(module: Module, node: ast.AST) -> Iterator[tuple[str, str | Non
 class Walker:
     """Computes (and caches) the :class:`Summary` of any scope, following calls into project definitions."""
 
-    def __init__(self, project: Project) -> None:
+    def __init__(self, project: Project, *, local_only: bool = False) -> None:
         self.project = project
+        self.local_only = local_only  # follow calls only within the module being walked
         self._memo: dict[int, Summary] = {}
         self._active: set[int] = set()
         self._depth = 0
+        self._local: Walker | None = None
 
     def program(self, module: Module) -> Summary:
         return self.summary(module.top)
+
+    def local(self, module: Module) -> Summary:
+        """Like :meth:`program`, without following calls into other files (cheap: nothing else is read)."""
+        if self._local is None:
+            self._local = Walker(self.project, local_only=True)
+        return self._local.program(module)
 
     def summary(self, scope: Scope) -> Summary:
         key = id(scope)
@@ -323,6 +331,8 @@ class Walker:
                     out.add(Event(kind, lib, ((module, item),), detail))
 
     def _inline(self, module: Module, site: ast.AST, target: Scope, out: Summary) -> None:
+        if self.local_only and target.module is not module:
+            return
         for event in self.summary(target).events:
             out.add(Event(event.kind, event.lib, ((module, site), *event.chain), event.detail))
 
@@ -349,6 +359,8 @@ class Walker:
                 self._inline(module, call, module.scope_of[arg], out)
 
     def _construct(self, module: Module, call: ast.Call, cls: ClassInfo, out: Summary) -> None:
+        if self.local_only and cls.module is not module:
+            return
         project = self.project
         if project.derives_from(cls, K.MODULE_BASES):
             out.add(Event(MODEL, None, ((module, call),), f"{cls.name}()"))

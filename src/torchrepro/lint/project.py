@@ -28,7 +28,7 @@ _EXTERNAL = frozenset(sys.stdlib_module_names) | frozenset({
     "tensorflow", "sentencepiece", "tokenizers", "huggingface_hub", "safetensors", "rich", "absl",
 })
 MAX_SOURCE_BYTES = 20_000_000
-MAX_EXTRA_MODULES = 300  # project files read to follow imports, beyond the files being linted
+MAX_EXTRA_MODULES = 200  # project files read to follow imports, beyond the files being linted
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,26 @@ class Project:
         self._found: dict[tuple[Path, tuple[str, ...]], Path | None] = {}
         self._closure: dict[Path, frozenset[Path]] = {}
         self._extra = 0
+        self._keys: dict[Path, Path] = {}
+        self._search: dict[Path, list[Path]] = {}
+        self._resolved: dict[tuple[int, str], Module | Scope | ClassInfo | None] = {}
+        self._bases_of: dict[int, list[ClassInfo | str]] = {}
+        self._methods: dict[tuple[int, str], Scope | None] = {}
+        self._derives: dict[tuple[int, frozenset[str]], bool] = {}
 
     def add(self, module: Module) -> None:
-        self._modules[_key(module.path)] = module
+        self._modules[self._key(module.path)] = module
+
+    def _key(self, path: Path) -> Path:
+        key = self._keys.get(path)
+        if key is None:
+            key = self._keys[path] = _key(path)
+        return key
 
     def module_at(self, path: Path) -> Module | None:
         """The parsed module at ``path`` (None if it cannot be parsed, or once :data:`MAX_EXTRA_MODULES` files
         beyond the linted ones have been read: analysis then treats further helpers as unknown)."""
-        key = _key(path)
+        key = self._key(path)
         if key not in self._modules:
             if self._extra >= MAX_EXTRA_MODULES:
                 return None
@@ -125,15 +137,18 @@ class Project:
 
     def _bases(self, importer: Path) -> list[Path]:
         here = importer.parent
+        found = self._search.get(here)
+        if found is not None:
+            return found
         root = self.root_of(here)
-        if root is None:
-            return [here]
         bases = [here]
-        for parent in here.parents:
-            if root not in parent.parents and parent != root:
-                break
-            bases.append(parent)
-        bases.append(root / "src")
+        if root is not None:
+            for parent in here.parents:
+                if root not in parent.parents and parent != root:
+                    break
+                bases.append(parent)
+            bases.append(root / "src")
+        self._search[here] = bases
         return bases
 
     def find_file(self, importer: Module, level: int, parts: tuple[str, ...]) -> Path | None:
@@ -166,6 +181,15 @@ class Project:
         class, or a method (``pkg.mod.Class.method``); None when it is not a project file."""
         if depth > 4:
             return None
+        memo_key = (id(importer), raw)
+        if memo_key in self._resolved:
+            return self._resolved[memo_key]
+        self._resolved[memo_key] = None  # a cycle of re-exports resolves to nothing
+        found = self._resolve(importer, raw, depth)
+        self._resolved[memo_key] = found
+        return found
+
+    def _resolve(self, importer: Module, raw: str, depth: int) -> Module | Scope | ClassInfo | None:
         level = len(raw) - len(raw.lstrip("."))
         parts = tuple(p for p in raw[level:].split(".") if p)
         if not parts and not level:
@@ -200,7 +224,10 @@ class Project:
     # -- classes -------------------------------------------------------------------------------------------------
     def bases(self, cls: ClassInfo) -> list[ClassInfo | str]:
         """The base classes of ``cls``: project classes, or qualified names of external ones."""
+        if id(cls) in self._bases_of:
+            return self._bases_of[id(cls)]
         out: list[ClassInfo | str] = []
+        self._bases_of[id(cls)] = out
         module = cls.module
         for expr in cls.node.bases:
             resolved = self.resolve_expr(module, module.top, expr)
@@ -232,6 +259,14 @@ class Project:
         """``cls.name`` looked up through project base classes (None if defined only outside the project)."""
         if id(cls) in _seen:
             return None
+        key = (id(cls), name)
+        if key in self._methods:
+            return self._methods[key]
+        found = self._method(cls, name, _seen)
+        self._methods[key] = found
+        return found
+
+    def _method(self, cls: ClassInfo, name: str, _seen: frozenset[int]) -> Scope | None:
         found = cls.methods.get(name)
         if found is not None:
             return found
@@ -246,6 +281,13 @@ class Project:
         """Whether ``cls`` has one of the external classes ``names`` among its ancestors."""
         if id(cls) in _seen:
             return False
+        key = (id(cls), names)
+        if key not in self._derives:
+            self._derives[key] = False  # while looking (a cycle of bases)
+            self._derives[key] = self._derives_from(cls, names, _seen)
+        return self._derives[key]
+
+    def _derives_from(self, cls: ClassInfo, names: frozenset[str], _seen: frozenset[int]) -> bool:
         for base in self.bases(cls):
             if isinstance(base, ClassInfo):
                 if self.derives_from(base, names, _seen | {id(cls)}):
@@ -257,7 +299,7 @@ class Project:
     # -- imports -------------------------------------------------------------------------------------------------
     def imported_files(self, module: Module) -> frozenset[Path]:
         """Every project file that ``module`` imports, directly or through other project files."""
-        key = _key(module.path)
+        key = self._key(module.path)
         if key in self._closure:
             return self._closure[key]
         self._closure[key] = frozenset()
@@ -270,7 +312,7 @@ class Project:
                 target_module = target if isinstance(target, Module) else getattr(target, "module", None)
                 if target_module is None:
                     continue
-                path = _key(target_module.path)
+                path = self._key(target_module.path)
                 if path not in seen and path != key:
                     seen.add(path)
                     todo.append(target_module)

@@ -104,7 +104,7 @@ class Context:
         """A module with ``if __name__ == "__main__":``, or a script whose top level seeds or draws."""
         if self.module.main_guard is not None:
             return True
-        return any(event.kind in ("seed", "draw", "model") for event in self.summary.events)
+        return any(event.kind in ("seed", "draw", "model") for event in self.walker.local(self.module).events)
 
     @cached_property
     def dataset_scopes(self) -> frozenset[int]:
