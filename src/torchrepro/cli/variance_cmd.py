@@ -139,9 +139,11 @@ def plot_variance(report: VarianceReport, path: Path) -> Path | None:
         n = len(group.values)
         offsets = [(k - (n - 1) / 2) * 0.3 / max(n - 1, 1) for k in range(n)]  # spread the points, no randomness
         ax.scatter([x + o for o in offsets], group.values, s=24, zorder=3)
-        ax.hlines(group.mean, x - 0.25, x + 0.25, color="black", linewidth=1)
+        ax.hlines(group.mean, x - 0.25, x + 0.25, color="black", linewidth=1, label="mean" if x == 0 else None)
         if group.std > 0:
-            ax.vlines(x + 0.3, group.mean - group.std, group.mean + group.std, color="gray", linewidth=2)
+            ax.vlines(x + 0.3, group.mean - group.std, group.mean + group.std, color="gray", linewidth=2,
+                      label="± 1 std" if x == 1 or report.seeds.std == 0 else None)
+    ax.legend(fontsize=8, loc="best")
     ax.set_xticks([0, 1], [f"same seed\n({len(report.same_seed.values)} runs)",
                            f"different seeds\n({len(report.seeds.values)} runs)"])
     ax.set_xlim(-0.6, 1.6)
