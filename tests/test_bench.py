@@ -127,3 +127,15 @@ def test_overheads_are_taken_within_each_precision():
     assert [r["baseline"] for r in results] == ["fp32 default"] * 2 + ["bf16 default"] * 2
     assert results[1]["overhead"] == pytest.approx(0.2) and results[3]["overhead"] == pytest.approx(0.2)
     assert results[0]["median_ms"] == pytest.approx(10.25) and results[2]["median_ms"] == pytest.approx(5.125)
+
+
+def test_a_script_without_an_optimizer_is_timed_per_backward_call(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--variants", "default", "--rounds", "1", "--steps", "2", "--warmup", "1",
+                    command=["python", str(SCRIPTS / "manual_sgd.py")])
+    assert rc == 0, doc
+    (result,) = doc["results"]
+    events = read_trace_lines(out / "run1")[0]
+    t = [e["t"] for e in events if e["kind"] == "backward"]
+    assert not any(e["kind"] == "step" for e in events) and len(t) == 3
+    assert result["step_ms"] == pytest.approx([(t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3])
