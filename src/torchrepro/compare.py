@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .errors import RunsNotComparableError
-from .fingerprint import UNREADABLE
+from .fingerprint import LEGACY_ALGORITHM, UNREADABLE
 from .store import Run
 
 SCHEMA = "torchrepro.check/1"
@@ -201,6 +201,14 @@ def _param_specs(run: Run) -> dict[str, str] | None:
     return None
 
 
+def fingerprint_algorithm(run: Run) -> str | None:
+    """The fingerprint algorithm(s) a run used; runs from before the manifest named it used the legacy one."""
+    if "fingerprint_algorithm" not in run.manifest:
+        return LEGACY_ALGORITHM
+    value = run.manifest["fingerprint_algorithm"]
+    return str(value) if value else None  # null: nothing fingerprinted, or the script died before saying
+
+
 def check_comparable(runs: list[Run]) -> None:
     """Raise :class:`RunsNotComparableError` when runs ran different commands or built different models.
 
@@ -208,8 +216,14 @@ def check_comparable(runs: list[Run]) -> None:
     """
     problems: list[str] = []
     same_command = True
+    same_algorithm = True
     base = runs[0]
     for i, other in enumerate(runs[1:], start=2):
+        fa, fb = fingerprint_algorithm(base), fingerprint_algorithm(other)
+        if fa and fb and fa != fb:
+            same_algorithm = False
+            problems.append(f"they fingerprinted tensors with different algorithms: run 1 with {fa}, run {i} with "
+                            f"{fb}; equal values get different fingerprints, so no step can be compared")
         ca, cb = base.manifest.get("command"), other.manifest.get("command")
         if isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
             same_command = False
@@ -230,7 +244,10 @@ def check_comparable(runs: list[Run]) -> None:
     if not problems:
         return
     paths = "Runs: " + ", ".join(f"{k} = {r.path}" for k, r in enumerate(runs, start=1)) + "."
-    if same_command:
+    if not same_algorithm:
+        action = ("Compare runs recorded by the same torchrepro version with the model on the same kind of device "
+                  "(CPU tensors are hashed with XXH3, tensors on other devices on the device itself).")
+    elif same_command:
         action = ("The same command built models with different parameters: the model's structure depends on "
                   "something that changes between runs (unseeded randomness, the environment, files it reads). "
                   "Make it depend only on the command and seeded random numbers, then compare again.")

@@ -1,17 +1,28 @@
 """Exact, fast tensor fingerprints computed on the tensor's own device (layer L0).
 
-A fingerprint is a 128-bit digest of a tensor's bytes, dtype and shape, written as 32 hex digits.
+A fingerprint is a 128-bit digest of a tensor's bytes, dtype and shape, written as 32 hex digits. There are two
+algorithms, each named by a tag that run directories record (``fingerprint_algorithm`` in ``manifest.json``):
+equal bytes give equal fingerprints under one algorithm, on every device and thread count; fingerprints taken
+with different algorithms are not comparable, and ``torchrepro diff`` says so instead of comparing them.
 
-Algorithm (documented so that other tools can reproduce it):
+``xxh3-128-chunks-1MiB/1`` (CPU tensors, when ``xxhash`` and NumPy are installed):
 
-1. The tensor's bytes (C order) are zero-padded to a multiple of 8 and read as little-endian int64 words.
-2. Tensors of at least ``2 * STRIDE`` words are first folded: word ``i`` is added (mod 2**64) into
-   column sums by overlapping rows of ``STRIDE + 1`` words taken every ``STRIDE`` words, which groups
-   words by ``i mod STRIDE``. Integer addition is associative, so this reduction is exact and the same
-   on every device and thread count. Words after the last full row are kept as they are.
-3. Each remaining word ``u_k`` (column sums, then tail words) is keyed by its position ``k`` and passed
-   through the splitmix64 finaliser, a bijection; two lanes with different keys are summed mod 2**64.
-4. The two lane sums, the dtype, the shape and the byte count are hashed with BLAKE2b-128 on the host.
+1. The tensor's bytes (C order) are cut into chunks of 1 MiB (``CHUNK`` bytes; the last one shorter).
+2. Each chunk is hashed with XXH3-128; the 16-byte digests are in canonical (big-endian) byte order. Large
+   tensors have their chunks hashed in parallel threads (``torch.get_num_threads()``); the result does not
+   depend on the thread count.
+3. The fingerprint is XXH3-128 of ``"{dtype}|{shape}|{nbytes}|"`` (UTF-8, e.g. ``torch.float32|(3, 4)|48|``)
+   followed by the chunk digests in order.
+
+``splitmix64-sum-128/1`` (tensors on other devices, computed there with no device-to-host copy of the data;
+and CPU tensors when ``xxhash`` or NumPy is missing):
+
+1. The bytes are zero-padded to a multiple of 8 and read as little-endian 64-bit words ``w_i``.
+2. For two salts ``s``, lane ``L_s`` is the sum mod 2**64 of ``splitmix64(w_i + i * 0x9E3779B97F4A7C15 + s)``
+   (the splitmix64 finaliser is a bijection; integer addition is associative, so the sum is exact and the
+   same in any order). Long tensors are processed in slices of ``TORCH_SLICE_WORDS`` words to bound memory.
+3. The fingerprint is BLAKE2b-128 of ``"{dtype}|{shape}|{nbytes}"`` followed by ``L_0`` and ``L_1`` (8 bytes
+   each, little-endian).
 
 Tensors that are not plain strided arrays are digested through the dense tensors that hold their bits:
 sparse COO tensors through their coalesced indices and values, CSR/CSC/BSR/BSC tensors through their
@@ -21,13 +32,11 @@ The digest of such a tensor is BLAKE2b-128 over a header (layout, dtype, shape, 
 those parts. Every dtype torch has (float8 and float4 variants, bool, complex, unsigned and sub-byte integers,
 bit types) is read as raw bytes. Only tensors without data (``meta``) cannot be fingerprinted.
 
-Guarantees: any change of a single bit changes the fingerprint; swapping two different values changes
-it, except for the documented blind spot: in tensors of at least ``2 * STRIDE`` words (1,008 bytes),
-swapping two 8-byte words whose word indices differ by a multiple of ``STRIDE`` (63 words, 504
-bytes) can leave the column sums, and so the fingerprint, unchanged (it always does when neither index is
-itself a multiple of ``STRIDE``). For float32 that means two elements 126 positions apart (or a multiple),
-in the same half of their 8-byte word. Other collisions happen with
-probability about 2**-64 per compared pair.
+Guarantees: no known blind spot. Any change of bytes, including a swap of two different values at any
+distance, changes the fingerprint except with the probability of a collision of the underlying 128-bit hash
+(XXH3-128), or about 2**-64 for the keyed sums (a change of one 8-byte word always changes them: the
+finaliser is a bijection). Runs recorded before the algorithm was named used ``fold63-splitmix64/0``
+(``LEGACY_ALGORITHM``), which missed swaps of words 63 apart.
 
 Example:
     >>> import torch, torchrepro
@@ -51,10 +60,14 @@ from typing import Any
 
 import torch
 
-from ._compat import np
+from ._compat import np, optional_import
 
-STRIDE = 63
-_ROW = STRIDE + 1
+ALGORITHM_XXH3 = "xxh3-128-chunks-1MiB/1"
+ALGORITHM_TORCH = "splitmix64-sum-128/1"
+LEGACY_ALGORITHM = "fold63-splitmix64/0"  # runs whose manifest names no algorithm
+CHUNK = 1 << 20  # bytes per XXH3 chunk (part of the algorithm)
+TORCH_SLICE_WORDS = 1 << 22  # words per slice on the torch path (bounds temporary memory; not in the digest)
+_PARALLEL_MIN_CHUNKS = 4  # tensors of fewer chunks are hashed in the calling thread
 _BYTES = 8
 
 # splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
@@ -63,6 +76,21 @@ _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _LANE_SALTS = (0x243F6A8885A308D3, 0x13198A2E03707344)
 _MASK = {s: (1 << (64 - s)) - 1 for s in (30, 27, 31)}
+
+xxhash: Any = optional_import("xxhash")
+_usage: dict[str, int] = {}  # algorithm -> tensors fingerprinted with it in this process
+
+
+def usage_mark() -> dict[str, int]:
+    """A snapshot of how many tensors each algorithm has fingerprinted so far (see :func:`algorithms_since`)."""
+    return dict(_usage)
+
+
+def algorithms_since(mark: Mapping[str, int] | None = None) -> str | None:
+    """The algorithm tags used since ``mark`` (``"+"``-joined, sorted), or None when nothing was fingerprinted."""
+    mark = mark or {}
+    used = sorted(a for a, n in _usage.items() if n > mark.get(a, 0))
+    return "+".join(used) or None
 
 
 class UnfingerprintableError(TypeError):
@@ -186,16 +214,6 @@ def _words(t: torch.Tensor) -> torch.Tensor:
         return raw.clone().view(torch.int64)
 
 
-def _fold(words: torch.Tensor) -> torch.Tensor:
-    """Reduce long word vectors to STRIDE + 1 column sums plus a short tail (exact, order-free)."""
-    n = words.numel()
-    if n < 2 * STRIDE:
-        return words
-    rows = (n - _ROW) // STRIDE + 1
-    cols = words.as_strided((rows, _ROW), (STRIDE, 1)).sum(0)
-    return torch.cat([cols, words[(rows - 1) * STRIDE + _ROW :]])
-
-
 def _lanes(u: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Two keyed splitmix lane terms per word: shape (2, len(u))."""
     key = positions * _GOLDEN
@@ -231,95 +249,100 @@ def fingerprint(t: torch.Tensor) -> str:
 
 
 def _lane_sums_torch(tensors: Sequence[torch.Tensor], device: torch.device) -> list[tuple[int, int]]:
-    """Lane sums of tensors on one device, computed there with one device-to-host copy."""
-    us = [_fold(_words(t)) for t in tensors]
-    lengths = [u.numel() for u in us]
-    u = torch.cat(us) if len(us) > 1 else us[0]
-    sizes = torch.tensor(lengths, dtype=torch.int64, device=device)
-    seg = torch.repeat_interleave(torch.arange(len(us), device=device), sizes)
-    starts = torch.cumsum(sizes, 0) - sizes
-    pos = torch.arange(u.numel(), dtype=torch.int64, device=device) - starts[seg]
-    terms = _lanes(u, pos)
-    sums = torch.zeros(2, len(us), dtype=torch.int64, device=device).index_add_(1, seg, terms)
+    """Lane sums of tensors on one device, computed there with one device-to-host copy of 16 bytes per tensor.
+
+    Small tensors are batched into one slice of at most ``TORCH_SLICE_WORDS`` words; long ones are read slice
+    by slice, so temporaries stay bounded whatever the tensor's size."""
+    sums = torch.zeros(2, len(tensors), dtype=torch.int64, device=device)
+    batch: list[torch.Tensor] = []
+    ids: list[int] = []
+    held = 0
+
+    def flush() -> None:
+        nonlocal held
+        if not batch:
+            return
+        u = torch.cat(batch) if len(batch) > 1 else batch[0]
+        sizes = torch.tensor([w.numel() for w in batch], dtype=torch.int64, device=device)
+        seg = torch.repeat_interleave(torch.arange(len(batch), device=device), sizes)
+        starts = torch.cumsum(sizes, 0) - sizes
+        pos = torch.arange(u.numel(), dtype=torch.int64, device=device) - starts[seg]
+        which = torch.tensor(ids, dtype=torch.int64, device=device)[seg]
+        sums.index_add_(1, which, _lanes(u, pos))
+        batch.clear()
+        ids.clear()
+        held = 0
+
+    for k, t in enumerate(tensors):
+        w = _words(t)
+        n = w.numel()
+        if n > TORCH_SLICE_WORDS:
+            for s in range(0, n, TORCH_SLICE_WORDS):
+                part = w[s:s + TORCH_SLICE_WORDS]
+                pos = torch.arange(s, s + part.numel(), dtype=torch.int64, device=device)
+                sums[:, k] += _lanes(part, pos).sum(1)
+            continue
+        if held + n > TORCH_SLICE_WORDS:
+            flush()
+        if n:
+            batch.append(w)
+            ids.append(k)
+            held += n
+    flush()
     return [(a, b) for a, b in sums.t().tolist()]
 
 
-# --- CPU fast path: the same arithmetic in NumPy uint64, which has far less per-call overhead than torch ---
-_TORCH_FOLD_MIN_WORDS = 1 << 16  # longer tensors are folded by torch (multi-threaded), the rest by NumPy
-_NP_CONSTS = None
+def _digests_torch(tensors: Sequence[torch.Tensor], device: torch.device) -> list[str]:
+    lanes = _lane_sums_torch(tensors, device)
+    return [_finish(t, lane) for t, lane in zip(tensors, lanes)]
 
 
-def _np_consts() -> tuple:
-    global _NP_CONSTS
-    if _NP_CONSTS is None:
-        u = np.uint64
-        salts = np.array(_LANE_SALTS, dtype=np.uint64).reshape(2, 1)
-        _NP_CONSTS = (u(_M1 % (1 << 64)), u(_M2 % (1 << 64)), u(_GOLDEN % (1 << 64)), salts, u(30), u(27), u(31))
-    return _NP_CONSTS
+# --- CPU: XXH3-128 over 1 MiB chunks (xxhash releases the GIL on large inputs: chunks hash in parallel) ---
+_pool: Any = None
+_pool_key: tuple[int, int] | None = None  # (pid, workers) the pool was made for
 
 
-def _np_mix(x: Any) -> Any:
-    m1, m2, _, _, s30, s27, s31 = _np_consts()
-    x = (x ^ (x >> s30)) * m1
-    x = (x ^ (x >> s27)) * m2
-    return x ^ (x >> s31)
+def _executor(workers: int) -> Any:
+    global _pool, _pool_key
+    key = (os.getpid(), workers)
+    if _pool_key != key:  # first use, a new thread count, or a forked child (the parent's threads are gone)
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchrepro-fingerprint")
+        _pool_key = key
+    return _pool
 
 
-def _np_lane_terms(u: Any, pos: Any) -> Any:
-    """Both keyed lanes at once: shape (2, len(u))."""
-    _, _, golden, salts, *_ = _np_consts()
-    return _np_mix((u + pos * golden)[None, :] + salts)  # uint64 array arithmetic wraps silently
+def _chunk_digests(buf: Any, first: int, last: int) -> bytes:
+    digest = xxhash.xxh3_128_digest
+    return b"".join([digest(buf[k * CHUNK:(k + 1) * CHUNK]) for k in range(first, last)])
 
 
-def _np_words(t: torch.Tensor) -> Any:
-    """A CPU tensor's bytes as a NumPy uint64 array (zero-copy when contiguous and whole words).
+def _xxh3_parts(buf: Any) -> bytes:
+    """The chunk digests of a flat uint8 array, concatenated in chunk order."""
+    chunks = -(-buf.size // CHUNK)
+    threads = min(torch.get_num_threads(), chunks // 2) if chunks >= _PARALLEL_MIN_CHUNKS else 1
+    if threads <= 1:
+        return _chunk_digests(buf, 0, chunks)
+    bounds = [chunks * i // threads for i in range(threads + 1)]
+    pool = _executor(threads - 1)
+    futures = [pool.submit(_chunk_digests, buf, bounds[i], bounds[i + 1]) for i in range(1, threads)]
+    parts = [_chunk_digests(buf, bounds[0], bounds[1])]  # the calling thread takes the first share
+    return b"".join(parts + [f.result() for f in futures])
 
-    The bytes are taken through a torch ``uint8`` view, so dtypes NumPy lacks (bfloat16, float8, bits, ...)
-    are read like any other."""
+
+def _digest_xxh3(t: torch.Tensor) -> str:
+    check_fingerprintable(t)
     flat = _flat_bits(t)
-    raw = (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
-    pad = (-raw.size) % _BYTES
-    if pad:
-        raw = np.concatenate([raw, np.zeros(pad, dtype=np.uint8)])
-    return raw.view(np.uint64)
-
-
-def _np_folded(t: torch.Tensor) -> Any:
-    if t.numel() * t.element_size() >= _TORCH_FOLD_MIN_WORDS * _BYTES:
-        return _fold(_words(t)).numpy().view(np.uint64)
-    w = _np_words(t)
-    n = w.size
-    if n < 2 * STRIDE:
-        return w
-    rows = (n - _ROW) // STRIDE + 1
-    cols = np.lib.stride_tricks.as_strided(w, (rows, _ROW), (STRIDE * 8, 8)).sum(axis=0, dtype=np.uint64)
-    return np.concatenate([cols, w[(rows - 1) * STRIDE + _ROW :]])
-
-
-def _lane_sums_numpy(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
-    if len(tensors) == 1:  # the common case in the op tracer: no segment bookkeeping
-        u = _np_folded(tensors[0])
-        a, b = _np_lane_terms(u, np.arange(u.size, dtype=np.uint64)).sum(axis=1, dtype=np.uint64).tolist()
-        return [(a, b)]
-    us = [_np_folded(t) for t in tensors]
-    sizes = np.fromiter((u.size for u in us), dtype=np.int64, count=len(us))
-    u = np.concatenate(us)
-    if u.size == 0:
-        return [(0, 0)] * len(us)
-    starts = np.cumsum(sizes) - sizes
-    pos = np.arange(u.size, dtype=np.uint64) - np.repeat(starts.astype(np.uint64), sizes)
-    terms = _np_lane_terms(u, pos)
-    nonempty = sizes > 0
-    sums = np.zeros((2, len(us)), dtype=np.uint64)
-    sums[:, nonempty] = np.add.reduceat(terms, starts[nonempty], axis=1, dtype=np.uint64)
-    return list(zip(*sums.tolist()))
+    buf = (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
+    return xxhash.xxh3_128_hexdigest(_header(t) + b"|" + _xxh3_parts(buf))
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
     """Fingerprints of many tensors with one device-to-host copy per device.
 
-    Equal to ``[fingerprint(t) for t in tensors]``. CPU tensors use a NumPy path with the same arithmetic
-    (when NumPy is installed); other devices compute on the device and copy back two words per tensor.
+    Equal to ``[fingerprint(t) for t in tensors]``. CPU tensors are hashed with XXH3-128 (when ``xxhash`` and
+    NumPy are installed); other devices compute on the device and copy back two words per tensor.
     """
     if not tensors:
         return []
@@ -350,13 +373,17 @@ def _dense_fingerprints(tensors: Sequence[torch.Tensor]) -> list[str]:
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
-    lanes: list[tuple[int, int]] = [(0, 0)] * len(tensors)
+    out: list[str] = [""] * len(tensors)
     for device, idx in by_device.items():
         group = [tensors[i] for i in idx]
-        sums = _lane_sums_numpy(group) if device.type == "cpu" and np is not None else _lane_sums_torch(group, device)
-        for j, lane in zip(idx, sums):
-            lanes[j] = lane
-    return [_finish(t, lane) for t, lane in zip(tensors, lanes)]
+        if device.type == "cpu" and xxhash is not None and np is not None:
+            algorithm, fps = ALGORITHM_XXH3, [_digest_xxh3(t) for t in group]
+        else:
+            algorithm, fps = ALGORITHM_TORCH, _digests_torch(group, device)
+        _usage[algorithm] = _usage.get(algorithm, 0) + len(group)
+        for j, fp in zip(idx, fps):
+            out[j] = fp
+    return out
 
 
 # --- Python structures holding tensors (data batches) -------------------------------------------------------

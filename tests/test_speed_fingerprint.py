@@ -1,0 +1,185 @@
+"""Exact fingerprints on every code path: single bits and swaps at any distance change the digest.
+
+Paths: CPU small (one XXH3 chunk), CPU large (many 1 MiB chunks, hashed in parallel threads and in one),
+and the torch path that devices use (run here on the CPU, with small slices so that slicing and batching
+are exercised). Each is also checked against a reference written from the module's documentation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+
+import pytest
+import torch
+import xxhash
+
+import torchrepro  # noqa: F401
+
+fp_mod = sys.modules["torchrepro.fingerprint"]
+CPU = torch.device("cpu")
+
+
+def _xxh3_path(t: torch.Tensor, threads: int) -> str:
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fp_mod.fingerprint(t)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _torch_path(t: torch.Tensor) -> str:
+    return fp_mod._digests_torch([t], CPU)[0]
+
+
+@pytest.fixture
+def small_slices(monkeypatch):
+    monkeypatch.setattr(fp_mod, "TORCH_SLICE_WORDS", 1000)
+
+
+PATHS = {
+    "cpu-small": (3000, lambda t: _xxh3_path(t, 1)),
+    "cpu-large-threads": (5 * fp_mod.CHUNK // 4 + 77, lambda t: _xxh3_path(t, 2)),
+    "cpu-large-1-thread": (5 * fp_mod.CHUNK // 4 + 77, lambda t: _xxh3_path(t, 1)),
+    "torch-path": (9000, _torch_path),
+}
+
+
+def _reference_xxh3(t: torch.Tensor) -> str:
+    data = t.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    header = f"{t.dtype}|{tuple(t.shape)}|{len(data)}|".encode()
+    chunks = [data[k:k + fp_mod.CHUNK] for k in range(0, len(data), fp_mod.CHUNK)]
+    return xxhash.xxh3_128_hexdigest(header + b"".join(xxhash.xxh3_128_digest(c) for c in chunks))
+
+
+def _reference_torch(t: torch.Tensor) -> str:
+    data = t.contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    padded = data + bytes(-len(data) % 8)
+    mask = (1 << 64) - 1
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    lanes = [0, 0]
+    for i in range(len(padded) // 8):
+        w = int.from_bytes(padded[8 * i:8 * i + 8], "little")
+        for k, salt in enumerate((0x243F6A8885A308D3, 0x13198A2E03707344)):
+            lanes[k] = (lanes[k] + mix((w + i * 0x9E3779B97F4A7C15 + salt) & mask)) & mask
+    h = hashlib.blake2b(f"{t.dtype}|{tuple(t.shape)}|{len(data)}".encode(), digest_size=16)
+    for lane in lanes:
+        h.update(lane.to_bytes(8, "little"))
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_bit_flip_and_swap_changes_the_digest(path, dtype, small_slices):
+    n, digest = PATHS[path]
+    n = n if dtype == torch.float32 else n // 2
+    t = torch.randn(n, generator=torch.Generator().manual_seed(n), dtype=dtype)
+    base = digest(t)
+    assert digest(t.clone()) == base
+    nbytes = t.numel() * t.element_size()
+    chunk = fp_mod.CHUNK
+    boundaries = {b for b in (chunk - 1, chunk, 2 * chunk - 1) if b < nbytes}
+    for byte in sorted({0, 1, 7, 8, nbytes // 2, nbytes - 1} | boundaries):
+        for bit in (0, 7):
+            u = t.clone()
+            u.view(torch.uint8)[byte] ^= 1 << bit
+            assert digest(u) != base, (byte, bit)
+    starts = {0, 5, n // 2} | ({chunk // t.element_size() - 3} if nbytes > chunk else set())
+    for d in (1, 2, 63, 126, 4096):
+        for i in starts:
+            j = i + d
+            if j >= n:
+                continue
+            u = t.clone()
+            u[i], u[j] = t[j], t[i]
+            assert digest(u) != base, (i, d)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 1000, fp_mod.CHUNK // 4, 5 * fp_mod.CHUNK // 4 + 77])
+def test_cpu_paths_equal_the_documented_xxh3_algorithm(n):
+    t = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    expected = _reference_xxh3(t)
+    assert _xxh3_path(t, 1) == _xxh3_path(t, 2) == expected
+    assert fp_mod.fingerprint_many([t, t[: n // 2]]) == [expected, _reference_xxh3(t[: n // 2])]
+    m = t[: n - n % 4].view(-1, 4) if n >= 4 else t.view(-1, 1)
+    assert fp_mod.fingerprint(m.t()) == _reference_xxh3(m.t().contiguous())  # non-contiguous: same bytes
+
+
+def test_torch_path_equals_the_documented_algorithm_sliced_or_batched(monkeypatch):
+    ts = [torch.randn(n, generator=torch.Generator().manual_seed(n)) for n in (0, 1, 3, 301, 2500)]
+    ts.append(torch.arange(7, dtype=torch.int8))  # not a whole number of words: zero-padded
+    expected = [_reference_torch(t) for t in ts]
+    assert fp_mod._digests_torch(ts, CPU) == expected  # one batch
+    monkeypatch.setattr(fp_mod, "TORCH_SLICE_WORDS", 200)  # long tensors in slices, short ones in batches
+    assert fp_mod._digests_torch(ts, CPU) == expected
+    assert [fp_mod._digests_torch([t], CPU)[0] for t in ts] == expected
+
+
+def test_the_algorithm_used_is_reported():
+    mark = fp_mod.usage_mark()
+    assert fp_mod.algorithms_since(mark) is None
+    fp_mod.fingerprint(torch.zeros(3))
+    assert fp_mod.algorithms_since(mark) == fp_mod.ALGORITHM_XXH3
+
+
+def test_without_xxhash_cpu_tensors_use_the_torch_path(monkeypatch):
+    t = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(fp_mod, "xxhash", None)
+    mark = fp_mod.usage_mark()
+    assert fp_mod.fingerprint(t) == _reference_torch(t)
+    assert fp_mod.algorithms_since(mark) == fp_mod.ALGORITHM_TORCH
+
+
+def test_a_forked_child_gets_its_own_thread_pool():
+    import multiprocessing as mp
+
+    t = torch.randn(5 * fp_mod.CHUNK // 4)
+    expected = _xxh3_path(t, 2)  # the parent's pool exists now
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        assert pool.apply_async(_xxh3_path, (t, 2)).get(timeout=120) == expected  # a stale pool would hang
+
+
+def test_runs_fingerprinted_with_different_algorithms_are_not_compared(tmp_path):
+    from tests.test_compare import make_run
+    from torchrepro.compare import compare_runs
+    from torchrepro.errors import RunsNotComparableError
+    from torchrepro.store import load_run, write_manifest
+
+    def with_algorithm(name: str, algorithm: object):
+        run = make_run(tmp_path, name)
+        manifest = {k: v for k, v in run.manifest.items() if k not in ("format", "version")}
+        write_manifest(run.path, {**manifest, "fingerprint_algorithm": algorithm})
+        return load_run(run.path)
+
+    legacy = make_run(tmp_path, "legacy")  # no fingerprint_algorithm: recorded before it was named
+    cpu, cpu2 = with_algorithm("cpu", fp_mod.ALGORITHM_XXH3), with_algorithm("cpu2", fp_mod.ALGORITHM_XXH3)
+    cuda = with_algorithm("cuda", f"{fp_mod.ALGORITHM_TORCH}+{fp_mod.ALGORITHM_XXH3}")
+    unknown = with_algorithm("died", None)
+    assert compare_runs([cpu, cpu2]).verdict == compare_runs([cpu, unknown]).verdict == "identical"
+    assert compare_runs([legacy, make_run(tmp_path, "legacy2")]).verdict == "identical"
+    for other, named in ((cuda, fp_mod.ALGORITHM_TORCH), (legacy, fp_mod.LEGACY_ALGORITHM)):
+        with pytest.raises(RunsNotComparableError) as exc:
+            compare_runs([cpu, other])
+        msg = str(exc.value)
+        assert "different algorithms: run 1 with xxh3-128-chunks-1MiB/1, run 2 with" in msg and named in msg
+        assert "same torchrepro version" in msg
+
+
+def test_a_recorded_run_names_its_algorithm(tmp_path):
+    from torch import nn
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchrepro.watch(model, opt, run_dir=tmp_path / "run") as _:
+        model(torch.ones(4, 3)).sum().backward()
+        opt.step()
+    from torchrepro.store import load_run
+
+    assert load_run(tmp_path / "run").manifest["fingerprint_algorithm"] == fp_mod.ALGORITHM_XXH3
