@@ -204,3 +204,23 @@ def test_pre_commit_hooks_file() -> None:
     for hook in hooks:
         assert "entry: torchrepro lint --force-exclude\n" in hook and "types: [python]" in hook
         assert "require_serial: true" in hook
+
+
+def test_one_file_of_a_large_package_reads_only_what_its_calls_reach(project: Path) -> None:
+    """Imports alone are not followed: linting one module of a 300-module package reads that module, plus at
+    most the files its calls lead to (capped), so pre-commit stays fast on large repositories."""
+    from torchrepro.lint.engine import Engine
+
+    pkg = project / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("".join(f"from .m{i} import f{i}\n" for i in range(300)))
+    for i in range(300):
+        (pkg / f"m{i}.py").write_text(f"from . import m{i + 1}\n\n\ndef f{i}():\n    return m{i + 1}.f{i + 1}()\n"
+                                      if i < 299 else "def f299():\n    return 0\n")
+    engine = Engine(LintConfig(base=project))
+    engine.run([(pkg / "m0.py", "pkg/m0.py")])
+    assert len(engine.project._modules) == 1
+    (project / "main.py").write_text("from pkg.m0 import f0\n\nif __name__ == '__main__':\n    f0()\n")
+    engine = Engine(LintConfig(base=project))
+    assert engine.run([(project / "main.py", "main.py")]).diagnostics == []
+    assert 10 < len(engine.project._modules) <= 1 + 200
