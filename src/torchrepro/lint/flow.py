@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from . import knowledge as K
 from .calls import argument, constant, env_assignments, has_keyword, is_false, is_true, names_in
 from .module import ClassInfo, Module, Scope, dotted
-from .project import Project
+from .project import Project, is_external
 
 MAX_DEPTH = 16
 
@@ -322,7 +322,7 @@ class Walker:
                 for kind, lib, detail in classify_call(module, scope, item, qual):
                     if kind != DRAW or not is_seed_choice(module, item):
                         out.add(Event(kind, lib, ((module, item),), detail))
-                if qual is None or qual[0] == "." or not _is_external(qual):
+                if qual is None or qual[0] == "." or not is_external(qual):
                     self._follow(module, scope, item, qual, out)
             elif cls is ast.Import or cls is ast.ImportFrom:
                 continue  # the top level of imported modules is not followed (see the module docstring)
@@ -426,14 +426,6 @@ class Walker:
                     if isinstance(found, ClassInfo):
                         return found
         return None
-
-
-_EXTERNAL_TOPS = frozenset({"torch", "numpy", "random", "os", "sys", "time", "math", "json", "argparse",
-                            "transformers", "lightning", "pytorch_lightning", "accelerate", "torchrepro"})
-
-
-def _is_external(qual: str) -> bool:
-    return qual.partition(".")[0] in _EXTERNAL_TOPS or qual.startswith(("datasets.", "torchvision.", "timm."))
 
 
 def _owner(scope: Scope) -> ClassInfo | None:

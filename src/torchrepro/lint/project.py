@@ -31,6 +31,12 @@ MAX_SOURCE_BYTES = 20_000_000
 MAX_EXTRA_MODULES = 200  # project files read to follow imports, beyond the files being linted
 
 
+def is_external(qual: str) -> bool:
+    """Whether a qualified name belongs to the standard library or a known third-party package (whose APIs are
+    in knowledge.py, or do not matter), so that the linter never looks for it among the project's files."""
+    return qual.partition(".")[0] in _EXTERNAL
+
+
 @dataclass(frozen=True)
 class SourceProblem:
     """Why a file could not be analysed: its rule code, a message, and where (1-based line and column)."""
