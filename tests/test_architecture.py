@@ -8,10 +8,11 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 
 LAYERS = {
-    0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table"},
+    0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics"},
-    3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance"},
+    3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance",
+        "rankcompare"},
     4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
@@ -93,3 +94,23 @@ def test_lint_imports_only_the_standard_library_and_itself():
                 if top not in sys.stdlib_module_names and top not in ("tomli",):
                     problems.append(f"{path.relative_to(PKG)}: import {name}")
     assert not problems, "\n".join(problems)
+
+
+def test_lazy_exports_match_all():
+    import torchrepro
+
+    assert set(torchrepro._EXPORTS) | {"__version__"} == set(torchrepro.__all__)
+    for name in torchrepro.__all__:
+        assert getattr(torchrepro, name) is not None
+
+
+def test_import_and_lint_without_torch():
+    """`import torchrepro` and `torchrepro lint`/`rule` never import torch (pre-commit speed)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torchrepro; from torchrepro.cli import main; "
+            "rc = main(['lint', 'examples/demo.py']); rc2 = main(['rule', 'TR101']); "
+            "print(rc, rc2, 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent.parent)
+    assert p.stdout.strip().splitlines()[-1] == "0 0 False", p.stderr

@@ -4,44 +4,101 @@
 >>> seed = torchrepro.seed_everything(0)
 >>> with torchrepro.deterministic():
 ...     pass
+
+Public names are imported on first use (PEP 562), so ``import torchrepro`` -- and ``torchrepro lint`` -- do
+not pay for importing torch until something needs it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import _launchenv  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
 from ._version import __version__
-from .audit import AuditItem, AuditReport, audit
-from .checkpoint import load_checkpoint, save_checkpoint
-from .data import ResumableLoader, make_generator, seed_worker
-from .determinism import DeterminismConfig, current_config, deterministic
-from .distributed import ConsistencyReport, check_consistency, sync_rng_states
-from .envdiff import EnvChange, EnvDiff, diff_environments
-from .envinfo import Environment, environment, environment_summary
-from .errors import (
-    CheckpointError,
-    CollectiveError,
-    DeviceMismatchError,
-    EnvFileError,
-    MissingGeneratorError,
-    RankMismatchError,
-    ReproError,
-    ReproWarning,
-    RunDirError,
-    ScriptError,
-    StateFileError,
-)
-from .fingerprint import fingerprint, fingerprint_many
-from .measure import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
-from .metrics import log_metric
-from .optrace import trace_ops
-from .record import watch
-from .resume import ResumeReport, verify_resume
-from .rng import (
-    RNGState,
-    isolate_rng,
-    load_rng_state,
-    register_generator,
-    save_rng_state,
-    unregister_generator,
-)
-from .seeding import derive_seed, seed_everything
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported on first use
+    from .audit import AuditItem, AuditReport, audit
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .data import ResumableLoader, make_generator, seed_worker
+    from .determinism import DeterminismConfig, current_config, deterministic
+    from .distributed import ConsistencyReport, check_consistency, sync_rng_states
+    from .envdiff import EnvChange, EnvDiff, diff_environments
+    from .envinfo import Environment, environment, environment_summary
+    from .errors import (
+        CheckpointError,
+        CollectiveError,
+        DeviceMismatchError,
+        EnvFileError,
+        MissingGeneratorError,
+        RankMismatchError,
+        ReproError,
+        ReproWarning,
+        RunDirError,
+        ScriptError,
+        StateFileError,
+    )
+    from .fingerprint import fingerprint, fingerprint_many
+    from .measure import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
+    from .metrics import log_metric
+    from .optrace import trace_ops
+    from .record import watch
+    from .resume import ResumeReport, verify_resume
+    from .rng import RNGState, isolate_rng, load_rng_state, register_generator, save_rng_state, unregister_generator
+    from .seeding import derive_seed, seed_everything
+
+_EXPORTS: dict[str, str] = {
+    "AuditItem": "audit",
+    "AuditReport": "audit",
+    "audit": "audit",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "ResumableLoader": "data",
+    "make_generator": "data",
+    "seed_worker": "data",
+    "DeterminismConfig": "determinism",
+    "current_config": "determinism",
+    "deterministic": "determinism",
+    "ConsistencyReport": "distributed",
+    "check_consistency": "distributed",
+    "sync_rng_states": "distributed",
+    "EnvChange": "envdiff",
+    "EnvDiff": "envdiff",
+    "diff_environments": "envdiff",
+    "Environment": "envinfo",
+    "environment": "envinfo",
+    "environment_summary": "envinfo",
+    "CheckpointError": "errors",
+    "CollectiveError": "errors",
+    "DeviceMismatchError": "errors",
+    "EnvFileError": "errors",
+    "MissingGeneratorError": "errors",
+    "RankMismatchError": "errors",
+    "ReproError": "errors",
+    "ReproWarning": "errors",
+    "RunDirError": "errors",
+    "ScriptError": "errors",
+    "StateFileError": "errors",
+    "fingerprint": "fingerprint",
+    "fingerprint_many": "fingerprint",
+    "TOLERANCES": "measure",
+    "NondeterminismReport": "measure",
+    "assert_deterministic": "measure",
+    "measure_nondeterminism": "measure",
+    "log_metric": "metrics",
+    "trace_ops": "optrace",
+    "watch": "record",
+    "ResumeReport": "resume",
+    "verify_resume": "resume",
+    "RNGState": "rng",
+    "isolate_rng": "rng",
+    "load_rng_state": "rng",
+    "register_generator": "rng",
+    "save_rng_state": "rng",
+    "unregister_generator": "rng",
+    "derive_seed": "seeding",
+    "seed_everything": "seeding",
+}
 
 __all__ = [
     "AuditItem",
@@ -96,3 +153,16 @@ __all__ = [
     "verify_resume",
     "watch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchrepro' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})

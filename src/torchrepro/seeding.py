@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ._compat import accelerator_modules, np
+from ._launchenv import LAUNCH_HASHSEED
 from .determinism import deterministic as _deterministic
 from .errors import InvalidSeedError, ReproWarning
 
@@ -48,7 +49,7 @@ STREAMS = {
 DEFAULT_SHARED = frozenset({"init"})
 
 # PYTHONHASHSEED as it was when this interpreter started (torchrepro is imported before seeding).
-_LAUNCH_HASHSEED = os.environ.get(HASHSEED_ENV)
+_LAUNCH_HASHSEED = LAUNCH_HASHSEED
 _hashseed_warned = False
 
 

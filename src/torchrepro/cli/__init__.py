@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -16,10 +17,12 @@ from typing import NoReturn
 
 from .._version import __version__
 from ..errors import Interrupted, ReproError
-from . import audit_cmd, bench_cmd, check_cmd, diff_cmd, env_cmd, lint_cmd, rule_cmd, run_cmd, variance_cmd
 
-# Subcommand modules, each with add_parser(subparsers) and run(args) -> int.
-COMMANDS = [run_cmd, check_cmd, diff_cmd, env_cmd, audit_cmd, lint_cmd, rule_cmd, bench_cmd, variance_cmd]
+# Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
+# only when needed: the commands in LIGHT run without importing torch (fast enough for pre-commit hooks).
+COMMANDS = ["run_cmd", "check_cmd", "diff_cmd", "env_cmd", "audit_cmd", "lint_cmd", "rule_cmd", "bench_cmd",
+            "variance_cmd"]
+LIGHT = {"lint": "lint_cmd", "rule": "rule_cmd"}
 
 
 class UsageError(ReproError):
@@ -33,15 +36,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or of the subcommand modules named in ``only``."""
     parser = _Parser(
         prog="torchrepro",
         description="Make PyTorch training bitwise reproducible, prove it, and find where it is not.",
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in COMMANDS:
-        mod.add_parser(sub)
+    for name in only or COMMANDS:
+        importlib.import_module(f".{name}", __name__).add_parser(sub)
     return parser
 
 
@@ -68,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``torchrepro check python train.py --runs 3`` passes ``--runs 3`` to train.py); ``--`` may separate them.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    first = next((word for word in argv if not word.startswith("-")), None)
+    parser = build_parser([LIGHT[first]] if first in LIGHT else None)
     as_json = _wants_json(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
     try:
