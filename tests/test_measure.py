@@ -292,3 +292,17 @@ def test_cosine_distances_keep_last_bit_differences_and_ignore_scale():
     assert not reports[1].identical and reports[1].max_cosine_distance < 1e-28  # b and 2b: same direction
     assert overall[0][1] == pytest.approx(direct(torch.cat([a, b]), torch.cat([a1, b])), rel=1e-6)
     assert overall[0][3] == 0.0 and overall[0][2] < 1e-28
+
+
+def test_outputs_that_change_shape_are_reported_not_crashed_on():
+    lin = nn.Linear(3, 3)
+    calls = []
+
+    def step():
+        calls.append(1)
+        out = lin(torch.ones(len(calls), 3))  # a batch that grows: state the measurement cannot restore
+        return out.sum(), out
+
+    report = torchrepro.measure_nondeterminism(step, runs=3)
+    assert not report.identical and not report.output.identical and report.output.max_abs == math.inf
+    assert report.output.argmax_agreement is None and "NOT IDENTICAL" in report.summary()

@@ -369,6 +369,8 @@ def _spread(values: list[torch.Tensor], classes: list[int]) -> Spread:
     base = values[0]
     identical = len(set(classes)) == 1
     differing, max_abs, max_ulp, nonfinite = 0.0, 0.0, 0, 0
+    if any(v.shape != base.shape or v.dtype != base.dtype for v in values):  # not even the same kind of tensor
+        return Spread(tuple(base.shape), _dtype_name(base), False, 1.0, math.inf, 0)
     if not identical and base.numel():
         mask = torch.zeros(base.shape, dtype=torch.bool, device=base.device)
         for rep in sorted(set(classes) - {classes[0]}):
@@ -451,7 +453,10 @@ def _grad_reports(names: list[str], grads: list[list[torch.Tensor | None]]) -> t
         classes = _classes(values)
         classes_of.append(classes)
         missing = [r + 1 for r, v in enumerate(values) if v is None]
-        first = next(v for v in values if v is not None)
+        first = next((v for v in values if v is not None), None)
+        if first is None:  # no run computed a gradient for it: they agree
+            reports.append(TensorReport((), "none", True, 0.0, 0.0, 0, name=name))
+            continue
         if missing:  # a gradient computed in some runs only: the runs took different paths
             reports.append(TensorReport(tuple(first.shape), _dtype_name(first), False, 1.0, math.inf, 0, name=name,
                                         missing=missing))
@@ -497,7 +502,8 @@ class OutputReport(Spread):
 def _output_report(outputs: list[torch.Tensor], topk: int) -> OutputReport:
     report = _extend(_spread(outputs, _classes(outputs)), OutputReport)
     first = outputs[0]
-    if not first.is_floating_point() or first.dim() < 1 or first.shape[-1] < 2 or first.numel() == 0:
+    if not first.is_floating_point() or first.dim() < 1 or first.shape[-1] < 2 or first.numel() == 0 or any(
+            o.shape != first.shape for o in outputs):
         return report
     classes = first.shape[-1]
     k = max(1, min(topk, classes - 1))
