@@ -26,8 +26,6 @@ from typing import Any
 
 import pytest
 
-from . import _compat
-from .measure import find_nondeterminism
 from .seeding import derive_seed, seed_from_env, validate_seed
 
 DEFAULT_SEED = 0
@@ -83,6 +81,8 @@ def _seed_all(seed: int) -> None:
         np.random.seed(seed)
     torch = sys.modules.get("torch")
     if torch is not None:
+        from . import _compat
+
         torch.manual_seed(seed)  # CUDA's generators too (lazily, without starting CUDA)
         for name, mod in _compat.accelerator_modules().items():
             if name != "cuda" and hasattr(mod, "manual_seed"):
@@ -127,6 +127,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if marker is None:
         return None
     runs, atol, rtol = _marker_options(marker)
+    from .measure import find_nondeterminism  # only tests with the marker need it
     function = pyfuncitem.obj
     if inspect.iscoroutinefunction(function):
         pytest.fail("@pytest.mark.reproducible does not support async tests", pytrace=False)
