@@ -24,6 +24,8 @@ import torchrepro
 from torchrepro import distributed as trd
 from torchrepro.errors import CollectiveError, RankMismatchError, ReproWarning
 
+from .conftest import run_python
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).parent / "scripts"
 SPAWN_LIMIT_S = 240
@@ -357,6 +359,14 @@ def test_rank_seeds_and_explicit_rank():
     assert trd.rng_streams()["switch"] == "switched"
     nn.Linear(1, 1)(torch.ones(1))  # no pending hook is left to switch again
     assert torch.initial_seed() == target
+
+
+def test_public_functions_survive_importing_their_submodules():
+    """``import torchrepro.distributed`` imports the ``fingerprint`` submodule: ``torchrepro.fingerprint`` must stay
+    the function (the package's lazy attributes must not be shadowed by submodules of the same name)."""
+    proc = run_python("import torchrepro.distributed, torchrepro.audit, torchrepro\n"
+                      "print(callable(torchrepro.fingerprint), callable(torchrepro.audit))")
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
 
 
 def test_collective_timeout_sources(monkeypatch):

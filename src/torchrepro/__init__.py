@@ -12,6 +12,8 @@ not pay for importing torch until something needs it.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from . import _launchenv  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
@@ -166,3 +168,15 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
+
+
+class _Package(types.ModuleType):
+    """Importing the submodules ``fingerprint`` and ``audit`` must not hide the functions of the same name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            return  # the import system binds a submodule to its package: keep the public function instead
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -63,6 +63,7 @@ __all__ = [
     "start_rank_streams",
     "stream_seed",
     "sync_rng_states",
+    "unreplicated_names",
     "world_size",
 ]
 
@@ -361,6 +362,20 @@ def _local(t: torch.Tensor, rank: int, dtensor: Any, flat: Any) -> tuple[torch.T
     if flat is not None and isinstance(t, flat):
         return t, _unique_key(rank)
     return t, _REPLICATED
+
+
+def unreplicated_names(named: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors that are not one replica of a whole (DTensor shards or partials, FSDP1 flat
+    parameters): two ranks' values of them differ by design."""
+    dtensor, flat = _dtensor_type(), _flat_param_type()
+    if dtensor is None and flat is None:
+        return []
+    def whole(t: torch.Tensor) -> bool:
+        if dtensor is not None and isinstance(t, dtensor):
+            return all(p.is_replicate() for p in t.placements)
+        return not (flat is not None and isinstance(t, flat))
+
+    return [name for name, t in named.items() if not whole(t)]
 
 
 def _models(model: Any) -> dict[str, tuple[nn.Module, bool]]:

@@ -31,6 +31,7 @@ MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl
 RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, "stdout.txt", "stderr.txt", LOCK}
 CHECK_FILES = {"check.json", "check.png", "locate.json", "locate_ops.txt", LOCK}
 RUN_NAME = re.compile(r"run\d+")
+RANK_NAME = re.compile(r"rank\d+")  # one rank's run directory inside a run of several ranks (torchrun)
 NEXT = "Choose a new or empty directory (or delete it yourself if you no longer need it)."
 
 
@@ -48,6 +49,10 @@ def check_run_dir(path: Path, *, flag: str) -> None:
     if not path.is_dir():
         raise OutputDirError(f"{flag} {path}: exists and is not a directory. {NEXT}")
     names = _entries(path) - {"stdout.txt", "stderr.txt", LOCK}
+    ranks = {n for n in names if RANK_NAME.fullmatch(n) and (path / n).is_dir()}
+    for name in sorted(ranks):
+        check_run_dir(path / name, flag=flag)
+    names -= ranks
     if names and (not names & {MANIFEST, TRACE} or names - RUN_FILES):
         raise OutputDirError(f"{flag} {path}: the directory is not empty and is not a torchrepro run directory "
                              f"(it holds {sorted(names)[:5]}). torchrepro replaces only its own runs. {NEXT}")

@@ -186,8 +186,12 @@ def _code_imports(path: Path) -> list[str] | None:
     return list(dict.fromkeys(g for g in found if not g.startswith(_TENSOR_GLOBAL_PREFIXES)))
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """Read and validate a run directory; raise :class:`RunDirError` naming the problem."""
+def load_run(run_dir: str | Path, *, allow_ranks: bool = False) -> Run:
+    """Read and validate a run directory; raise :class:`RunDirError` naming the problem.
+
+    The directory of a run of several ranks (``RUN/manifest.json`` lists ``ranks``, each recorded in ``RUN/rankR``)
+    is refused unless ``allow_ranks``; :func:`load_ranks` loads its ranks.
+    """
     path = Path(run_dir)
     if not path.is_dir():
         raise RunDirError(path, "is not a directory.", "Pass a directory written by `torchrepro run --record DIR`.")
@@ -207,9 +211,24 @@ def load_run(run_dir: str | Path) -> Run:
     if manifest.get("version") != VERSION:
         raise RunDirError(mpath, f"has format version {manifest.get('version')!r}; this torchrepro reads "
                           f"version {VERSION}.", "Use the torchrepro version that recorded it, or record again.")
+    if manifest.get("ranks") and not allow_ranks:
+        first = path / str(manifest["ranks"][0])
+        raise RunDirError(path, f"is a run of {len(manifest['ranks'])} ranks (torchrun); each rank's recording is "
+                          f"in its own directory ({', '.join(map(str, manifest['ranks'][:4]))}).",
+                          f"Pass one rank's directory, e.g. {first}.")
     events, _ = read_trace_lines(path)
     expected = manifest.get("trace_records")
     if expected != len(events):
         raise RunDirError(path / TRACE, f"has {len(events)} complete records but the manifest lists {expected}; "
                           "the trace is truncated or was modified.", "Record the run again.")
     return Run(path=path, manifest=manifest, events=events)
+
+
+def load_ranks(run_dir: str | Path) -> tuple[Run, list[Run]]:
+    """A run of several ranks: its own manifest (as a :class:`Run` without events) and each rank's run."""
+    run = load_run(run_dir, allow_ranks=True)
+    ranks = run.manifest.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise RunDirError(run.path, "is not a run of several ranks (its manifest lists no ranks).",
+                          "Pass a directory written by `torchrepro run --nproc-per-node N --record DIR`.")
+    return run, [load_run(run.path / str(name)) for name in ranks]

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/scripts/ddp_train.py [--steps N]
         [--perturb-rank R --perturb-step K]   rank R nudges fc1.weight just before optimizer step K
-        [--exit-rank R --exit-step K]         rank R exits (code 3) after step K
+        [--exit-rank R --exit-step K]         rank R exits (code 3) after optimizer step K, before its check
         [--check-every N]                     torchrepro.distributed.check_consistency every N steps
         [--save DIR --save-at K] [--resume DIR]  per-rank checkpoints (bitwise resume)
         [--out DIR]                           write DIR/rank{R}.json: dropout masks and final fingerprints
@@ -79,6 +79,9 @@ def main() -> int:
             with torch.no_grad():
                 model.fc1.weight[0, 0] += 1e-3
         opt.step()
+        if step == args.exit_step and rank == args.exit_rank:  # before the check: the others wait for it there
+            print(f"rank {rank} exits early at step {step}", file=sys.stderr, flush=True)
+            sys.exit(3)
         if args.check_every and step % args.check_every == 0:
             report = check_consistency(ddp, opt, step=step, timeout=args.timeout)
             print(report.summary(), flush=True)
@@ -86,9 +89,6 @@ def main() -> int:
             os.makedirs(args.save, exist_ok=True)
             torchrepro.save_checkpoint(os.path.join(args.save, f"rank{rank}.pt"), model=model, optimizer=opt,
                                        loader=loader, step=step)
-        if step == args.exit_step and rank == args.exit_rank:
-            print(f"rank {rank} exits early after step {step}", file=sys.stderr, flush=True)
-            sys.exit(3)
     print("masks " + json.dumps(masks), flush=True)
     if args.out:
         final = {name: torchrepro.fingerprint(t) for name, t in model.state_dict().items()}
