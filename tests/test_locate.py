@@ -173,6 +173,55 @@ def test_locate_ops_verdicts():
     assert deterministic_kernel("aten.foo", "cpu").startswith("unknown")
 
 
+def test_an_extra_op_early_in_one_run_does_not_hide_the_origin(tmp_path, monkeypatch):
+    """A logging ``.item()`` in one run only: ops are paired by identity, so the unseeded draw is still found."""
+    script = SCRIPTS / "speed_extra_item.py"
+    monkeypatch.setenv("SPEED_EXTRA_OP_DIR", str(tmp_path / "claims"))
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["ops_traced"][0] != loc["ops_traced"][1]  # exactly one traced run logged
+    assert loc["verdict"] == "rng", loc
+    assert loc["op"]["op"] == "aten.randn" and loc["op"]["line"] == _line_of(script, "NOISE-LINE")
+
+
+def _ops(*specs, step=1):
+    """Op records from (op, module, line, ins, outs[, rng]) tuples."""
+    return [{"op": op, "module": mod, "line": line, "file": "f.py", "in": list(ins), "out": list(outs),
+             "step": step, "rng": bool(rest and rest[0]), "phase": "forward"}
+            for op, mod, line, ins, outs, *rest in specs]
+
+
+def test_ops_are_paired_by_identity_not_position():
+    from torchrepro.locate import align
+
+    common = [("aten.addmm", "0", 5, "xw", "h"), ("aten.randn", "1", 9, [], "n1", True),
+              ("aten.add", "1", 9, "hn", "z")]
+    log = [("aten.linalg_vector_norm", "", 3, "w", "r"), ("aten._local_scalar_dense", "", 3, "r", ["0x1p+0"])]
+    a = _ops(*log, *common)
+    b = _ops(*common[:1], ("aten.randn", "1", 9, [], "n2", True), ("aten.add", "1", 9, "hm", "z2"))
+    assert align(a, b) == [(0, None), (1, None), (2, 0), (3, 1), (4, 2)]
+    assert align(b, a) == [(None, 0), (None, 1), (0, 2), (1, 3), (2, 4)]
+    res = locate_ops(a, b)
+    assert res.verdict == "rng" and res.op_a["op"] == "aten.randn" and res.index == 3
+    assert locate_ops(b, a).verdict == "rng"
+    assert [row["op"] for row in res.context][:2] == ["aten.linalg_vector_norm", "aten._local_scalar_dense"]
+    assert locate_ops(a, _ops(*common)).verdict == "control-flow"  # nothing else differs: the extra ops are it
+    # occurrences: the second add of an identity pairs with the second one in the other run
+    twice = _ops(("aten.add", "", 1, "a", "b"), ("aten.add", "", 1, "b", "c"))
+    assert align(twice, twice) == [(0, 0), (1, 1)]
+
+
+def test_unpaired_ops_that_explain_the_difference_are_control_flow():
+    common = [("aten.mul", "", 7, "x", "y"), ("aten.sum", "", 8, "y", "s")]
+    extra_inplace = _ops(("aten.mul", "", 7, "x", "y"), ("aten.add_", "", 4, "y", "y2"), ("aten.sum", "", 8, "y2", "t"))
+    res = locate_ops(extra_inplace, _ops(*common))
+    assert res.verdict == "control-flow" and res.op_a["op"] == "aten.add_" and res.op_b is None
+    extra_draw = _ops(("aten.rand", "", 2, [], "junk", True), ("aten.randn", "", 9, [], "n1", True))
+    res = locate_ops(extra_draw, _ops(("aten.randn", "", 9, [], "n2", True)))
+    assert res.verdict == "control-flow" and res.op_a["op"] == "aten.rand"
+
+
 class _Augmenting(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 8

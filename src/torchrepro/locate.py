@@ -1,9 +1,10 @@
 """Finding the first nondeterministic operation in two traced runs (layer L3).
 
 Given the op streams of two runs of the same step (see :mod:`torchrepro.optrace`), the **origin** is the first
-op whose input fingerprints are equal in both runs while its outputs differ. Before looking at values, the op
-sequences themselves are compared: a different op (or source line) at the same position means the control
-flow differs.
+op whose input fingerprints are equal in both runs while its outputs differ. Ops are paired by identity (step,
+phase, op name, module path, source line, and occurrence within that identity), not by position, so an op that
+only one run executes (a logging ``.item()``, a lazily created buffer) does not make every later op look
+different; such ops are reported as the control flow differing only when they can explain the difference.
 """
 
 from __future__ import annotations
@@ -158,39 +159,130 @@ def _inputs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return ia == ib
 
 
-def _context(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], i: int, radius: int = 4) -> list[dict]:
-    rows = []
-    for j in range(max(0, i - radius), min(max(len(ops_a), len(ops_b)), i + radius + 1)):
-        a = ops_a[j] if j < len(ops_a) else None
-        b = ops_b[j] if j < len(ops_b) else None
-        ref = a or b or {}
-        rows.append({
-            "i": j, "op": ref.get("op"), "op_other_run": b.get("op") if b else None, "phase": ref.get("phase"),
-            "module": ref.get("module"), "line": ref.get("line"), "code": ref.get("code"),
-            "inputs_equal": bool(a and b and _inputs_equal(a, b)),
-            "outputs_equal": bool(a and b and a["out"] == b["out"]),
-            "origin": j == i,
-        })
+Row = tuple[int | None, int | None]  # (index in run A's ops, index in run B's ops); None: the op is not in that run
+
+
+def op_identity(op: dict[str, Any]) -> tuple:
+    """What an op *is*, independent of its position: step, phase, op name, module path and source line."""
+    return (op.get("step"), op.get("phase"), op["op"], op.get("module"), op.get("file"), op.get("line"))
+
+
+def align(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> list[Row]:
+    """Pair the ops of two runs by operation identity and occurrence (the k-th op with one identity in A is
+    paired with the k-th in B), not by position: an op that only one run executes (a logging ``.item()``, a
+    lazily created buffer) is a row of its own and does not shift the pairing of every op after it.
+
+    Rows are in run A's order, with run B's unpaired ops placed just before B's next paired op."""
+    seen: dict[tuple, int] = {}
+    where_b: dict[tuple, int] = {}
+    for j, b in enumerate(ops_b):
+        key = op_identity(b)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        where_b[key + (k,)] = j
+    seen.clear()
+    partner: list[int | None] = []
+    for a in ops_a:
+        key = op_identity(a)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        partner.append(where_b.get(key + (k,)))
+    paired_b = {j for j in partner if j is not None}
+    rows: list[Row] = []
+    nxt = 0  # next of B's ops not yet placed
+    for i, j in enumerate(partner):
+        if j is not None:
+            while nxt < j:
+                if nxt not in paired_b:
+                    rows.append((None, nxt))
+                nxt += 1
+            nxt = max(nxt, j + 1)
+        rows.append((i, j))
+    rows.extend((None, j) for j in range(nxt, len(ops_b)) if j not in paired_b)
     return rows
 
 
+def _context(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], rows: list[Row], r: int,
+             radius: int = 4) -> list[dict]:
+    out = []
+    for k in range(max(0, r - radius), min(len(rows), r + radius + 1)):
+        ia, ib = rows[k]
+        a = ops_a[ia] if ia is not None else None
+        b = ops_b[ib] if ib is not None else None
+        ref = a or b or {}
+        out.append({
+            "i": ia if ia is not None else ib, "i_other_run": ib, "op": a.get("op") if a else None,
+            "op_other_run": b.get("op") if b else None, "phase": ref.get("phase"),
+            "module": ref.get("module"), "line": ref.get("line"), "code": ref.get("code"),
+            "inputs_equal": bool(a and b and _inputs_equal(a, b)),
+            "outputs_equal": bool(a and b and a["out"] == b["out"]),
+            "origin": k == r,
+        })
+    return out
+
+
+def _writes(op: dict[str, Any]) -> bool:
+    """Whether an op may change state another op reads: in place, or a draw from a random generator."""
+    return bool(op.get("rng")) or op["op"].endswith("_")
+
+
 def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, device: str = "cpu") -> LocateResult:
-    """Compare two op streams of the same traced step(s) and name where they first part."""
+    """Compare two op streams of the same traced step(s) and name where they first part.
+
+    Ops are paired by identity (:func:`align`). The first paired op whose outputs differ is the origin (equal
+    inputs), a random draw (equal inputs, random op) or the end of an untraced difference (different inputs).
+    Ops that only one run executed are the control flow differing when nothing paired differs, or when they
+    can explain the first difference: an unpaired op produced a differing input, or an unpaired in-place op
+    or random draw came before it. Otherwise (a logging ``.item()`` in one run) they do not hide the origin.
+    """
     traced = sorted({op.get("step") for op in ops_a + ops_b if op.get("step") is not None})
     base = {"ops_traced": (len(ops_a), len(ops_b)), "traced_steps": traced, "device": device}
-    for i, (a, b) in enumerate(zip(ops_a, ops_b)):
-        if a["op"] != b["op"] or (a.get("file"), a.get("line")) != (b.get("file"), b.get("line")):
-            return LocateResult("control-flow", a.get("step"), i, a, b, context=_context(ops_a, ops_b, i), **base)
+    rows = align(ops_a, ops_b)
+
+    def result(verdict: str, r: int, a: dict | None, b: dict | None) -> LocateResult:
+        ia, ib = rows[r]
+        index = ia if ia is not None else ib
+        return LocateResult(verdict, (a or b or {}).get("step"), index, a, b,
+                            context=_context(ops_a, ops_b, rows, r), **base)
+
+    def control_flow(r: int) -> LocateResult:
+        a = b = None
+        for ia, ib in rows[r:]:  # the first op of each run in this stretch of unpaired ops
+            if ia is not None and ib is not None:
+                break
+            if ia is not None and a is None:
+                a = ops_a[ia]
+            if ib is not None and b is None:
+                b = ops_b[ib]
+        return result("control-flow", r, a, b)
+
+    first_unpaired: int | None = None
+    unpaired_outputs: dict[str, int] = {}  # fingerprint -> row of the unpaired op that produced it
+    first_unpaired_writer: int | None = None
+    for r, (ia, ib) in enumerate(rows):
+        if ia is None or ib is None:
+            op = ops_a[ia] if ia is not None else ops_b[ib]  # type: ignore[index]
+            first_unpaired = r if first_unpaired is None else first_unpaired
+            if first_unpaired_writer is None and _writes(op):
+                first_unpaired_writer = r
+            for fp in op["out"]:
+                unpaired_outputs.setdefault(fp, r)
+            continue
+        a, b = ops_a[ia], ops_b[ib]
         same_in, same_out = _inputs_equal(a, b), a["out"] == b["out"]
         if same_in and same_out:
             continue
-        verdict = ("rng" if a.get("rng") else "origin") if same_in else "external-input"
-        return LocateResult(verdict, a.get("step"), i, a, b, context=_context(ops_a, ops_b, i), **base)
-    if len(ops_a) != len(ops_b):
-        i = min(len(ops_a), len(ops_b))
-        longer = ops_a if len(ops_a) > len(ops_b) else ops_b
-        a = ops_a[i] if i < len(ops_a) else None
-        b = ops_b[i] if i < len(ops_b) else None
-        return LocateResult("control-flow", longer[i].get("step"), i, a, b, context=_context(ops_a, ops_b, i),
-                            **base)
+        if not same_in:
+            differing = [fp for fp in a["in"] + b["in"] if fp not in set(a["in"]) & set(b["in"])]
+            made = [unpaired_outputs[fp] for fp in differing if fp in unpaired_outputs]
+            if made:
+                return control_flow(min(made))
+            if first_unpaired_writer is not None:
+                return control_flow(first_unpaired_writer)
+            return result("external-input", r, a, b)
+        if a.get("rng") and first_unpaired_writer is not None:  # an extra draw shifted the generator
+            return control_flow(first_unpaired_writer)
+        return result("rng" if a.get("rng") else "origin", r, a, b)
+    if first_unpaired is not None:
+        return control_flow(first_unpaired)
     return LocateResult("not-reproduced", **base)
