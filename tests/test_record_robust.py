@@ -225,15 +225,15 @@ def test_full_disk_in_the_value_writer_never_hangs_and_lists_only_written_files(
         _in_thread(lambda: _train_long(tmp_path / "a"))
     m = load_run(tmp_path / "a").manifest
     assert m["steps"] == 30 and m["status"] == "ok"
-    assert m["values_saved"] == ["init", "backward_000001", "step_000001"]
+    assert m["values_saved"] == ["init", "step_000001", "step_000002"]  # no snapshot of the provisional backward
     assert sorted(p.stem for p in (tmp_path / "a" / "values").glob("*.pt")) == sorted(m["values_saved"])
-    assert m["values_failed"][0] == "step_000002" and m["values_failed"][-1] == "final"
-    assert "No space left on device" in m["values_error"] and "step_000002.pt" in m["values_error"]
+    assert m["values_failed"][0] == "step_000003" and m["values_failed"][-1] == "final"
+    assert "No space left on device" in m["values_error"] and "step_000003.pt" in m["values_error"]
     monkeypatch.undo()
     _train_long(tmp_path / "b")
     notes = compare_runs([load_run(tmp_path / "a"), load_run(tmp_path / "b")]).notes
     assert [n for n in notes if "parameter values are unavailable" in n] == [
-        f"Run 1: parameter values are unavailable from 'step_000002' on ({m['values_error']}), so max |Δ weight| "
+        f"Run 1: parameter values are unavailable from 'step_000003' on ({m['values_error']}), so max |Δ weight| "
         "misses those steps."]
 
 
