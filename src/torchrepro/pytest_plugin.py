@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from .seeding import derive_seed, seed_from_env, validate_seed
+from ._seeds import derive_seed, seed_from_env, validate_seed  # no torch: pytest starts fast
 
 DEFAULT_SEED = 0
 _SESSION = pytest.StashKey[tuple[int, str]]()

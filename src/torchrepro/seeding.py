@@ -16,7 +16,6 @@ are the same on every rank.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -27,16 +26,15 @@ import torch
 
 from ._compat import accelerator_modules, np
 from ._launchenv import LAUNCH_HASHSEED
+from ._seeds import MAX_SEED, SEED_ENV, derive_seed, seed_from_env, validate_seed
 from .determinism import deterministic as _deterministic
 from .errors import InvalidSeedError, ReproWarning
 
 log = logging.getLogger("torchrepro")
 
-SEED_ENV = "TORCHREPRO_SEED"
 HASHSEED_ENV = "PYTHONHASHSEED"
 SHARED_ENV = "TORCHREPRO_SHARED_STREAMS"  # streams shared by every rank, for DataLoader workers (comma-separated)
 RANK_ENV = "TORCHREPRO_STREAM_RANK"  # the rank that per-rank streams are derived from, when given explicitly
-MAX_SEED = 2**32 - 1
 
 # The random streams of a distributed program and what draws from each (see docs/distributed.md).
 STREAMS = {
@@ -51,61 +49,6 @@ DEFAULT_SHARED = frozenset({"init"})
 # PYTHONHASHSEED as it was when this interpreter started (torchrepro is imported before seeding).
 _LAUNCH_HASHSEED = LAUNCH_HASHSEED
 _hashseed_warned = False
-
-
-def validate_seed(seed: Any, *, what: str = "seed") -> int:
-    """Return ``seed`` if it is an int in [0, 2**32 - 1]; raise :class:`InvalidSeedError` otherwise."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidSeedError(
-            f"{what} must be an integer in [0, {MAX_SEED}], got {seed!r} of type {type(seed).__name__}."
-        )
-    if not 0 <= seed <= MAX_SEED:
-        raise InvalidSeedError(f"{what} must be an integer in [0, {MAX_SEED}], got {seed}.")
-    return seed
-
-
-def seed_from_env() -> int | None:
-    """The seed recorded in ``TORCHREPRO_SEED``, or None when unset."""
-    raw = os.environ.get(SEED_ENV)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise InvalidSeedError(
-            f"{SEED_ENV}={raw!r} is not an integer; set it to an integer in [0, {MAX_SEED}] or unset it."
-        ) from None
-    return validate_seed(value, what=SEED_ENV)
-
-
-def _encode_key(key: Any) -> bytes:
-    if isinstance(key, bool):
-        return b"b" + (b"1" if key else b"0")
-    if isinstance(key, int):
-        return b"i" + str(key).encode()
-    if isinstance(key, str):
-        return b"s" + key.encode("utf-8")
-    if isinstance(key, bytes):
-        return b"y" + key
-    raise TypeError(f"derive_seed keys must be int, str, bytes or bool, got {key!r} ({type(key).__name__})")
-
-
-def derive_seed(base: int, *keys: int | str | bytes | bool) -> int:
-    """A seed in [0, 2**32 - 1] mixed from ``base`` and ``keys`` with BLAKE2b (never Python's ``hash()``).
-
-    The same inputs give the same seed in every process; distinct keys give distinct seeds.
-
-    >>> derive_seed(7, "rank", 1) != derive_seed(7, "rank", 2)
-    True
-    """
-    if isinstance(base, bool) or not isinstance(base, int) or base < 0:
-        raise InvalidSeedError(f"derive_seed base must be a non-negative integer, got {base!r}.")
-    h = hashlib.blake2b(digest_size=8, person=b"torchrepro-seed")
-    for part in (base, *keys):
-        enc = _encode_key(part)
-        h.update(len(enc).to_bytes(4, "little"))
-        h.update(enc)
-    return int.from_bytes(h.digest(), "little") & MAX_SEED
 
 
 def hashseed_fixed_at_launch() -> bool:
