@@ -105,11 +105,11 @@ def test_lazy_exports_match_all():
 
 
 def test_import_and_lint_without_torch():
-    """`import torchrepro` and `torchrepro lint`/`rule` never import torch (pre-commit speed)."""
+    """`import torchrepro`, the pytest plugin and `torchrepro lint`/`rule` never import torch (start-up speed)."""
     import subprocess
     import sys
 
-    code = ("import sys, torchrepro; from torchrepro.cli import main; "
+    code = ("import sys, torchrepro, torchrepro.pytest_plugin; from torchrepro.cli import main; "
             "rc = main(['lint', 'examples/demo.py']); rc2 = main(['rule', 'TR101']); "
             "print(rc, rc2, 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent.parent)
