@@ -9,6 +9,7 @@ Run: python benchmarks/bench_fingerprint.py
 from __future__ import annotations
 
 import hashlib
+import importlib
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from _timing import interleaved  # noqa: E402
 
 import torchrepro  # noqa: E402, F401
 
-fpmod = sys.modules["torchrepro.fingerprint"]
+fpmod = importlib.import_module("torchrepro.fingerprint")
 
 
 def _one_thread(x: torch.Tensor) -> str:

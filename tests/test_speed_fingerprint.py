@@ -8,7 +8,7 @@ are exercised). Each is also checked against a reference written from the module
 from __future__ import annotations
 
 import hashlib
-import sys
+import importlib
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ import xxhash
 
 import torchrepro  # noqa: F401
 
-fp_mod = sys.modules["torchrepro.fingerprint"]
+fp_mod = importlib.import_module("torchrepro.fingerprint")
 CPU = torch.device("cpu")
 
 
