@@ -8,7 +8,9 @@ and runs the user's script as ``__main__`` with its own ``sys.argv``. The parent
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import io
 import json
 import os
 import re
@@ -95,6 +97,9 @@ def parse_python_command(command: list[str]) -> Target:
             kind = "module" if args[0] == "-m" else "code"
             argv = [args[1] if kind == "module" else "-c", *args[2:]]
             return Target(kind, args[1], argv, interpreter, tuple(flags))
+    if command and Path(command[0]).name in _TORCHRUN_NAMES:
+        raise CommandError(f"this command does not take torchrun commands ({' '.join(command)!r}); `torchrepro run` "
+                           "and `check` do: `torchrepro check -- torchrun --nproc-per-node N train.py`.")
     if not args or not args[0].endswith(".py"):
         raise CommandError(f"torchrepro records Python training scripts; got {' '.join(command)!r}. {_USAGE}")
     if not Path(args[0]).is_file():
@@ -130,6 +135,79 @@ def _check_importable(interpreter: str) -> None:
             f"or run the script with the Python that has torchrepro: `-- {sys.executable} train.py`.")
 
 
+# --- torchrun ------------------------------------------------------------------------------------------------
+_TORCHRUN_NAMES = {"torchrun", "torchrun.exe"}
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# torchrun options whose value changes what is run: check refuses them unless they have these values
+_TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": (0,), "no_python": (False,),
+                     "virtual_local_rank": (False,)}
+
+
+def torchrun_command(target: Target, nproc_per_node: int) -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher."""
+    return [target.interpreter, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+            "--no-python", *target.child_command()]
+
+
+def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
+    """``torchrun [OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``) as ``(python command,
+    nproc_per_node)``; None when ``command`` is not a torchrun command.
+
+    torchrun's own parser reads the options. Only one node is supported; rendezvous and logging options are
+    replaced (each run gets ``--standalone``); options that change what runs (``--nnodes`` > 1, restarts,
+    ``--no-python``) are refused.
+
+    >>> parse_torchrun_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])  # doctest: +SKIP
+    (['python', 'train.py', '--lr', '0.1'], 2)
+    """
+    words = list(command)
+    interpreter = "python"
+    if words and Path(words[0]).name in _TORCHRUN_NAMES:
+        rest = words[1:]
+    elif len(words) >= 3 and is_interpreter(words[0]) and words[1] == "-m" and words[2] in _TORCHRUN_MODULES:
+        interpreter, rest = words[0], words[3:]
+    else:
+        return None
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            args = parser.parse_args(rest)
+    except SystemExit:
+        raise CommandError(f"cannot read the torchrun command `{' '.join(command)}`: "
+                           f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else 'bad options'}"
+                           ".") from None
+    defaults = vars(parser.parse_args([args.training_script]))
+    for name, allowed in _TORCHRUN_REFUSED.items():
+        if getattr(args, name) not in allowed and getattr(args, name) != defaults[name]:
+            raise CommandError(f"torchrepro runs torchrun commands on one machine, without restarts, with Python "
+                               f"scripts; remove --{name.replace('_', '-')} {getattr(args, name)} from "
+                               f"`{' '.join(command)}`.")
+    try:
+        nproc = int(args.nproc_per_node)
+    except ValueError:
+        raise CommandError(f"torchrun's --nproc-per-node {args.nproc_per_node} is not a number; torchrepro needs the "
+                           "number of ranks, e.g. --nproc-per-node 2.") from None
+    if nproc < 1:
+        raise CommandError(f"torchrun's --nproc-per-node must be at least 1, got {nproc}.")
+    script = ["-m", args.training_script] if args.module else [args.training_script]
+    return [interpreter, *script, *args.training_script_args], nproc
+
+
+def ranks_command(command: list[str], nproc_per_node: int | None) -> tuple[list[str], int | None]:
+    """The Python command to record and its number of ranks: a torchrun command is unwrapped (its
+    ``--nproc-per-node`` must agree with ``nproc_per_node`` when both are given); others pass through."""
+    parsed = parse_torchrun_command(command)
+    if parsed is None:
+        return command, nproc_per_node
+    python_command, n = parsed
+    if nproc_per_node is not None and nproc_per_node != n:
+        raise CommandError(f"--nproc-per-node {nproc_per_node} disagrees with the torchrun command's --nproc-per-node "
+                           f"{n}; give the number of ranks once.")
+    return python_command, n
+
+
 @dataclass
 class LaunchOptions:
     record: str | None = None
@@ -143,6 +221,8 @@ class LaunchOptions:
     audit: bool = False  # watch seeding, DataLoaders, autocast and CUBLAS_WORKSPACE_CONFIG (envinfo.ScriptProbe)
     timing: bool = False  # record step boundaries only (no fingerprints), device-synchronised: see bench
     torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
+    nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
+    rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
 
 
 @dataclass
@@ -167,7 +247,8 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
     if opts.deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env[CONFIG_ENV] = json.dumps(asdict(opts))
-    env[PARENT_ENV] = str(os.getpid())
+    if not opts.nproc_per_node:  # under torchrun the ranks' parent is torchrun, which they die with
+        env[PARENT_ENV] = str(os.getpid())
     return env
 
 
@@ -259,10 +340,11 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
 def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: IO[Any] | None,
                stderr: IO[Any] | None, on_poll: Any) -> RunResult:
     started = time.time()
-    counter = _StepCounter(Path(opts.record)) if opts.record else None
+    counter = _StepCounter(Path(opts.record) / ("rank0" if opts.nproc_per_node else "")) if opts.record else None
     with _SignalForwarder() as fwd:
         try:
-            proc = subprocess.Popen(target.child_command(), env=child_env(opts), stdout=stdout, stderr=stderr)
+            cmd = torchrun_command(target, opts.nproc_per_node) if opts.nproc_per_node else target.child_command()
+            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr)
         except OSError as exc:
             raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
         fwd.proc = proc
@@ -280,7 +362,8 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
                 fwd.forward(signal.SIGINT)
         if fwd.received is not None:
             fwd.wait_for_child()
-    result = _finish_run(command, opts, proc.returncode, started, interrupted=fwd.received)
+    result = _finish_run(command, opts, proc.returncode, started, interrupted=fwd.received,
+                         log=getattr(stderr, "name", None))
     if fwd.received is not None:
         name = signal.Signals(fwd.received).name
         where = f"; the partial recording is in {opts.record}" if opts.record else ""
@@ -290,8 +373,10 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
 
 
 def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float, *,
-                interrupted: int | None) -> RunResult:
+                interrupted: int | None, log: Any = None) -> RunResult:
     """Read the child's summary, write the manifest (for recorded runs) and classify the outcome."""
+    if opts.record and opts.nproc_per_node:
+        return _finish_ranks(command, opts, rc, started, interrupted=interrupted, log=log)
     ended = time.time()
     manifest = None
     summary: dict[str, Any] = {}
@@ -317,6 +402,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
                        "optimizer_steps": steps, "backward_calls": backwards}
         summary["trace_records"] = len(events)
         summary["trace_truncated"] = truncated
+        summary.setdefault("fingerprint_algorithm", None)  # null: the child died before naming it
         manifest = {
             "command": list(command),
             "cwd": os.getcwd(),
@@ -335,6 +421,68 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             **summary,
         }
         manifest = write_manifest(opts.record, manifest)
+    return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
+    """Exit codes by rank from torchrun's failure report, and the rank it names as the root cause (first failure)."""
+    codes = {int(r): int(c) for r, c in _FAILURE.findall(text)}
+    root = text.rfind("Root Cause")
+    found = _FAILURE.search(text, root) if root >= 0 else None
+    return codes, int(found.group(1)) if found else None
+
+
+def _rank_exit(rank_dir: Path, reported: dict[int, int], rank: int) -> tuple[int | None, float | None]:
+    """A rank's exit code and end time: from its launcher's summary, else from torchrun's report."""
+    try:
+        summary = json.loads((rank_dir / "child.json").read_text())
+        return int(summary["child_exit_code"]), float(summary["child_ended"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return reported.get(rank), None
+
+
+def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: float, *, interrupted: int | None,
+                  log: Any) -> RunResult:
+    """Write each rank's manifest (``RECORD/rank{R}``) and the run's (``RECORD/manifest.json``, listing the ranks)."""
+    record, n = Path(opts.record or "."), int(opts.nproc_per_node or 1)
+    text = ""
+    if isinstance(log, str) and os.path.isfile(log):
+        with contextlib.suppress(OSError):
+            text = Path(log).read_text(errors="replace")
+    reported, root = torchrun_failures(text)
+    ranks: dict[str, dict[str, Any]] = {}
+    ends: dict[int, float] = {}
+    for r in range(n):
+        rank_dir = record / f"rank{r}"
+        rank_dir.mkdir(exist_ok=True)
+        code, ended = _rank_exit(rank_dir, reported, r)
+        if ended is not None and code:
+            ends[r] = ended
+        sub = dataclasses.replace(opts, record=str(rank_dir), nproc_per_node=None)
+        rank_rc = code if code is not None else (rc if rc else 0)
+        res = _finish_run(command, sub, rank_rc, started, interrupted=interrupted)
+        # no exit status at all: torchrun stopped the rank after another one failed, or it ended abruptly
+        ranks[f"rank{r}"] = {"exit_code": code, "status": res.status if code is not None or not rc else "stopped",
+                             "steps": (res.manifest or {}).get("steps", 0)}
+    failed = [int(k[4:]) for k, v in ranks.items() if v["status"] not in ("ok", "stopped-at-max-steps")]
+    first = root if root is not None else (min(ends, key=ends.get) if ends else (failed[0] if failed else None))
+    status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
+    if rc == 0 and ranks and all(v["status"] == "stopped-at-max-steps" for v in ranks.values()):
+        status = "stopped-at-max-steps"
+    if interrupted is not None:
+        status = "interrupted"
+    first_rank = ranks.get("rank0", {})
+    manifest = write_manifest(record, {
+        "command": list(command), "cwd": os.getcwd(), "exit_code": rc, "status": status,
+        "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
+        "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
+        "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
+        "pythonhashseed": hash_seed(opts), "torch": torch.__version__, "started": started,
+        "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
+    })
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
 
 
@@ -413,6 +561,16 @@ def _die_with_parent(parent: int | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _redirect_output(rank_dir: Path) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at ``rank_dir/stdout.txt``/``stderr.txt``."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    for stream, fd, name in ((sys.stdout, 1, "stdout.txt"), (sys.stderr, 2, "stderr.txt")):
+        stream.flush()
+        target = os.open(rank_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        os.dup2(target, fd)
+        os.close(target)
+
+
 def _run_code(code: str) -> None:
     """Run ``python -c CODE`` as ``__main__``, as the interpreter would (cwd first on sys.path)."""
     import types
@@ -432,6 +590,10 @@ def _run_code(code: str) -> None:
 def _child_main(argv: list[str]) -> int:
     _die_with_parent(int(os.environ.pop(PARENT_ENV)) if os.environ.get(PARENT_ENV, "").isdigit() else None)
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
+    if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
+        opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
+        if opts.rank_output:
+            _redirect_output(Path(opts.record))
     from . import determinism, seeding
     from .envinfo import ScriptProbe, environment_summary
     from .record import MaxStepsReached, Recorder
@@ -479,6 +641,7 @@ def _child_main(argv: list[str]) -> int:
             if probe is not None:
                 summary["audit_probe"] = probe.facts()
             summary["peak_memory"] = peak_memory()
+            summary["child_exit_code"], summary["child_ended"] = code, time.time()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()
     sys.stderr.flush()

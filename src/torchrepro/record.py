@@ -35,9 +35,18 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._io import atomic_write_bytes
 from ._modules import discover_models, optimizers_exist
+from .distributed import unreplicated_names
 from .envinfo import environment_summary
 from .errors import ReproWarning
-from .fingerprint import UNREADABLE, fingerprint, fingerprint_many, fingerprint_object, unreadable_text
+from .fingerprint import (
+    UNREADABLE,
+    algorithms_since,
+    fingerprint,
+    fingerprint_many,
+    fingerprint_object,
+    unreadable_text,
+    usage_mark,
+)
 from .optrace import OpTracer
 from .store import OPS, VALUES, TraceWriter, write_manifest
 
@@ -143,7 +152,10 @@ class _ValueWriter:
             self._failed.append((n, name))
             return
         size = sum(p.numel() * p.element_size() for p in params.values())
-        if not force and self.used + size > self.budget:
+        # The budget covers every snapshot, the initial one included; each leaves room for the final snapshot
+        # (``force=True``, the same parameters), so the last values are kept whenever one snapshot fits.
+        reserve = 0 if force else size
+        if self.used + size + reserve > self.budget:
             self.skipped += 1
             return
         self.used += size
@@ -222,6 +234,7 @@ class Recorder:
         self._t0 = time.perf_counter()
         self.first_step_time: float | None = None
         self.device: str | None = None
+        self._fp_mark = usage_mark()  # which fingerprint algorithms this run used goes into the manifest
 
     # --- naming ----------------------------------------------------------------------------------------
     def _refresh_names(self, models: Mapping[str, nn.Module] | None = None) -> None:
@@ -339,7 +352,7 @@ class Recorder:
                 self.device = str(next(iter(params.values())).device)
             self.trace.write({"kind": "init", "t": self._now(), "params": self._fps(params)})
             if self.values is not None:
-                self.values.submit("init", params, force=True)
+                self.values.submit("init", params)
 
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
@@ -348,8 +361,12 @@ class Recorder:
             self._trace_boundary(self.backward_calls + 1)
         if self.steps:  # optimizer mode: the loss is fingerprinted with the step, in one batch
             return
-        # No optimizer has stepped (yet): each backward() may be the step boundary, so record it fully.
-        params = self._all_model_params()
+        # No optimizer has stepped (yet). Without an optimizer each backward() is a step: record it fully. With
+        # one, these are micro-batches of gradient accumulation whose step record will hold the parameters and
+        # gradients: record the loss and batches only, and spend none of the values budget.
+        if self._optimizers_exist is None:
+            self._optimizers_exist = optimizers_exist()
+        params = {} if self._optimizers_exist else self._all_model_params()
         fps = self._fps({"loss": loss, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()}})
         event: dict[str, Any] = {
@@ -360,7 +377,7 @@ class Recorder:
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
         }
         self._batches_since_backward = []
-        if self.values is not None:
+        if self.values is not None and params:
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
         self.trace.write(event)
 
@@ -515,8 +532,10 @@ class Recorder:
         if self._tracer is not None:
             self._tracer.stop()
         self.uninstall()
+        unreplicated: list[str] = []
         if self.steps or self.backward_calls:
             params = self._final_params()
+            unreplicated = unreplicated_names(params)  # shards: each rank holds its own (rankcompare skips them)
             self.trace.write({"kind": "final", "t": self._now(), "params": self._fps(params)})
             if self.values is not None:
                 self.values.submit("final", params, force=True)
@@ -524,7 +543,9 @@ class Recorder:
             self.values.close()
         self.trace.close()
         return {
+            "unreplicated": unreplicated,
             "step_mode": "optimizer" if self.steps else "backward",
+            "fingerprint_algorithm": algorithms_since(self._fp_mark),
             "steps": self.steps if self.steps else self.backward_calls,
             "optimizer_steps": self.steps,
             "backward_calls": self.backward_calls,

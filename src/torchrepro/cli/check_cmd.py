@@ -15,7 +15,7 @@ from .._io import atomic_write_json
 from ..compare import CheckResult, compare_runs
 from ..envdiff import EnvDiff, diff_runs, verdict_note
 from ..errors import EnvFileError, Interrupted, ScriptError
-from ..launcher import LaunchOptions, RunResult, launch, parse_python_command
+from ..launcher import LaunchOptions, RunResult, launch, parse_python_command, ranks_command
 from ..locate import VERDICTS, locate_ops
 from ..optrace import read_ops
 from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
@@ -30,7 +30,7 @@ STDERR_TAIL_LINES = 25
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
                        usage="torchrepro check [--runs N] [--seed S] [--deterministic] [--max-steps K] [--json] "
-                             "[--out DIR] -- python train.py [ARGS]")
+                             "[--out DIR] [--nproc-per-node P] -- python train.py [ARGS]")
     p.add_argument("--runs", type=runs_arg, default=2, help="how many runs to compare (at least 2; default 2)")
     add_launch_options(p)
     p.add_argument("--locate", action="store_true",
@@ -95,6 +95,10 @@ def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
 
 def _failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptError:
     m = result.manifest or {}
+    if m.get("ranks"):  # a torchrun launch: name the rank that failed first
+        from ._ranks import rank_failure
+
+        return rank_failure(i, total, result, run_dir)
     if result.status == "killed":
         what = f"was killed by {m.get('signal') or f'signal {-result.returncode}'}"
     elif result.returncode != 0:
@@ -237,7 +241,11 @@ def output_dir(given: str | None, prefix: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    command = args.user_command
+    command, nproc = ranks_command(args.user_command, args.nproc_per_node)
+    if nproc:  # several ranks through torchrun
+        from ._ranks import run_ranks_check
+
+        return run_ranks_check(args, command, nproc)
     parse_python_command(command)  # a bad command is refused before any directory is made
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,

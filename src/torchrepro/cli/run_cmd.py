@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..launcher import CommandError, LaunchOptions, launch
+from ..launcher import CommandError, LaunchOptions, launch, ranks_command
 from ..seeding import validate_seed
 
 
@@ -51,6 +51,9 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="switch deterministic mode on (flags + CUBLAS_WORKSPACE_CONFIG) before the script starts")
     p.add_argument("--max-steps", type=positive_int, metavar="K", help="end the script cleanly after K steps")
+    p.add_argument("--nproc-per-node", type=positive_int, metavar="P",
+                   help="run the script on P ranks through torch.distributed.run (torchrun) and record each rank "
+                        "into its own directory (rank0 ...); `-- torchrun --nproc-per-node P train.py` does the same")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="the training command; everything from the script on belongs to the script")
 
@@ -58,7 +61,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording",
                        usage="torchrepro run [--record DIR] [--seed S] [--deterministic] [--max-steps K] "
-                             "-- python train.py [ARGS]")
+                             "[--nproc-per-node P] -- python train.py [ARGS]")
     p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
     p.add_argument("--keep-values", action="store_true",
                    help="also save parameter values per step (needed for max |Δ weight|)")
@@ -75,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_steps is not None and not args.record:
         raise CommandError("--trace-steps keeps the op trace in the run directory, so it needs --record DIR: "
                            "`torchrepro run --record DIR --trace-steps N -- python train.py`.")
+    command, nproc = ranks_command(args.user_command, args.nproc_per_node)
     opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
                          max_steps=args.max_steps, keep_values=args.keep_values,
-                         trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None)
-    result = launch(args.user_command, opts, stdout=sys.stderr if args.json else None)
+                         trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None,
+                         nproc_per_node=nproc)
+    result = launch(command, opts, stdout=sys.stderr if args.json else None)
     if args.json:
         print(json.dumps(result.manifest if result.manifest is not None else
                          {"command": args.user_command, "exit_code": result.returncode, "status": result.status},

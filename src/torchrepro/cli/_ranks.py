@@ -1,0 +1,137 @@
+"""``torchrepro check --nproc-per-node P`` (or ``check -- torchrun ...``): runs of several ranks, checked rank by rank
+and for desynchronisation between ranks. See docs/distributed.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .._io import atomic_write_json
+from ..errors import ScriptError
+from ..launcher import CommandError, LaunchOptions, RunResult, parse_python_command
+from ..outdir import lock_dir
+from ..rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
+from ..report import plot_check
+from ..store import load_ranks
+from ._render import render
+from .check_cmd import EnvironmentDifferences, _tail, environment_differences, execute_runs, output_dir
+
+
+def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptError:
+    """The error for a failed run of several ranks: the rank that failed first, how, and its stderr's last lines."""
+    m = result.manifest or {}
+    statuses = m.get("rank_status") or {}
+    failed = m.get("failed_rank")
+    if failed is None:
+        if result.returncode == 0:
+            what, path = "finished but recorded no optimizer step and no backward() call on rank 0", run_dir / "rank0"
+        else:
+            what, path = (f"failed (torchrun exited with status {result.returncode} before any rank failed: see "
+                          "its own output)"), run_dir
+    else:
+        code = (statuses.get(f"rank{failed}") or {}).get("exit_code")
+        how = f"was killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exited with code {code}"
+        what, path = f"failed: rank {failed} {how} first", run_dir / f"rank{failed}"
+    others = [f"rank {name[4:]} {info.get('status')}" + (f" ({info['exit_code']})" if info.get("exit_code") else "")
+              + _last_line(run_dir / name / "stderr.txt", info.get("status"))
+              for name, info in statuses.items() if failed is None or name != f"rank{failed}"]
+    stderr = path / "stderr.txt"
+    hint = ("Fix the script so that it runs under torchrun on its own (`torchrun --nproc-per-node N train.py`), "
+            "then check again." if result.returncode != 0 else
+            "torchrepro check compares training steps: make sure the script calls loss.backward() "
+            "(and optimizer.step()).")
+    error = ScriptError(f"run {i} of {total} {what}" + (f"; then {', '.join(others)}" if others else "")
+                        + f". The runs cannot be compared. {hint}\nLast lines of its stderr ({stderr}):\n"
+                        f"{_tail(stderr)}")
+    error.stderr_path = str(stderr)  # type: ignore[attr-defined]
+    return error
+
+
+def _last_line(path: Path, status: object) -> str:
+    """``: <last line of a failed rank's stderr>`` (what the other ranks saw), or nothing."""
+    if status not in ("failed", "killed"):
+        return ""
+    last = _tail(path, 1).strip()
+    return f": {last[:240]}" if last and not last.startswith("(") else ""
+
+
+def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:
+    """``check`` of a command on ``nproc`` ranks: N torchrun launches, each rank recorded apart, then compared."""
+    parse_python_command(command)  # a bad command is refused before any directory is made
+    if args.locate:
+        raise CommandError("--locate does not trace runs of several ranks yet. Record two runs with `torchrepro run "
+                           "--record DIR --nproc-per-node N --trace-steps K -- ...` and compare one rank's "
+                           "directories with `torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
+    out = output_dir(args.out, "check")
+    opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
+                         keep_values=True, nproc_per_node=nproc, rank_output=True)
+    what = f"`{' '.join(args.user_command)}`"
+    with lock_dir(out):
+        dirs = execute_runs(command, out, args.runs, opts)
+        runs = [load_ranks(d)[1] for d in dirs]
+        counts = {len(r) for r in runs}
+        if counts != {nproc}:
+            raise ScriptError(f"the runs recorded {sorted(counts)} ranks, expected {nproc}: the runs cannot be "
+                              f"compared rank by rank. Runs: {', '.join(map(str, dirs))}.")
+        check = compare_rank_runs(runs)
+        env = environment_differences([r[0] for r in runs], quiet_if_same=True)
+        return finish_ranks(check, out, what=what, as_json=args.json, environment=env)
+
+
+def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
+                 environment: EnvironmentDifferences | None = None) -> int:
+    """Plot (the lead rank), write check.json, print the summary or JSON; return the exit code."""
+    rank, lead = check.lead
+    plot = plot_check(lead, out / "check.png")
+    doc = check.to_json() | {"plot": str(plot) if plot else None, "command": what, "exit_code": check.exit_code}
+    if environment is not None:
+        doc["environment_diff"] = environment.to_json(lead.verdict)
+    atomic_write_json(out / "check.json", doc)
+    env_text = environment.render(lead.verdict) if environment is not None and not as_json else None
+    print(json.dumps(doc, indent=2) if as_json else
+          "\n\n".join(t for t in (render_ranks(check, what=what, plot=str(plot) if plot else None), env_text) if t))
+    return check.exit_code
+
+
+def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> str:
+    runs = len(check.per_rank[0].runs)
+    steps = check.per_rank[0].steps
+    where = f"{runs} runs of {what} on {check.nproc} ranks"
+    first_desync = next((d for d in check.desync if d is not None), None)
+    lines: list[str] = []
+    if check.verdict == "identical":
+        lines.append(f"torchrepro: IDENTICAL - {where}, {steps[0]} steps each; on every rank every recorded loss, "
+                     "batch, parameter, gradient and optimizer-state tensor is bitwise equal across runs, and the "
+                     "ranks' replicas agree at every step.")
+    elif check.verdict == "diverged":
+        rank, lead = check.lead
+        lines.append(f"torchrepro: DIVERGED at step {lead.first_step} on rank {rank} ({where})")
+    else:
+        assert first_desync is not None
+        lines.append(f"torchrepro: DESYNCHRONISED - {where}: every rank repeats itself across runs, but the ranks' "
+                     f"replicas part at step {first_desync.step}.")
+    lines.append("")
+    lines.append("Across runs, rank by rank:")
+    for r, result in enumerate(check.per_rank):
+        if result.verdict == "identical":
+            lines.append(f"  rank {r}: identical ({result.steps[0]} steps)")
+        else:
+            first = "; ".join(f"{d.label} {', '.join(d.names[:2])}" for d in result.first[:2])
+            lines.append(f"  rank {r}: DIVERGED at step {result.first_step} ({first}); cause: {result.cause}")
+    lines.append("Between the ranks of each run (replicas: initial parameters, gradients, parameters, optimizer "
+                 "state):")
+    for i, d in enumerate(check.desync, start=1):
+        lines.append(f"  {d.describe()}" if d is not None else f"  run {i}: in sync at every step")
+    if first_desync is not None:
+        lines.append("")
+        lines.append(f"Cause: desynchronised - {DESYNC_CAUSE[0]}")
+        lines.append(f"Next:  {DESYNC_CAUSE[1]}")
+    if check.verdict == "diverged":
+        rank, lead = check.lead
+        lines.append("")
+        lines.append(f"Rank {rank} in detail:")
+        lines.append(render(lead, what=f"{what} (rank {rank})"))
+    if plot:
+        lines.append(f"Plot:  {plot} (rank {check.lead[0]})")
+    return "\n".join(lines)
