@@ -15,7 +15,7 @@ from ..rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..report import plot_check
 from ..store import load_ranks
 from ._render import render
-from .check_cmd import EnvironmentDifferences, _tail, environment_differences, execute_runs, output_dir
+from .check_cmd import EnvironmentDifferences, environment_differences, execute_runs, output_dir, tail_lines
 
 
 def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptError:
@@ -43,7 +43,7 @@ def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> Script
             "(and optimizer.step()).")
     error = ScriptError(f"run {i} of {total} {what}" + (f"; then {', '.join(others)}" if others else "")
                         + f". The runs cannot be compared. {hint}\nLast lines of its stderr ({stderr}):\n"
-                        f"{_tail(stderr)}")
+                        f"{tail_lines(stderr)}")
     error.stderr_path = str(stderr)  # type: ignore[attr-defined]
     return error
 
@@ -52,7 +52,7 @@ def _last_line(path: Path, status: object) -> str:
     """``: <last line of a failed rank's stderr>`` (what the other ranks saw), or nothing."""
     if status not in ("failed", "killed"):
         return ""
-    last = _tail(path, 1).strip()
+    last = tail_lines(path, 1).strip()
     return f": {last[:240]}" if last and not last.startswith("(") else ""
 
 

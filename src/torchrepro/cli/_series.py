@@ -14,7 +14,7 @@ from ..errors import Interrupted, OutputDirError, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch
 from ..outdir import LOCK, NEXT, RUN_NAME, check_run_dir, make_dir, unique_dir
 from ..store import read_trace_lines
-from .check_cmd import _tail
+from .check_cmd import tail_lines
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _failure(i: int, total: int, label: str, result: RunResult, run_dir: Path, c
         hint = (f"torchrepro {command} needs training steps: make sure the script calls loss.backward() (and "
                 "optimizer.step()).")
     error = ScriptError(f"run {i} of {total} ({label}) {what}. {hint}\n"
-                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{_tail(run_dir / 'stderr.txt')}")
+                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}")
     error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
     return error
 

@@ -85,7 +85,7 @@ class _Progress:
             print(msg, file=sys.stderr, flush=True)
 
 
-def _tail(path: Path, n: int = STDERR_TAIL_LINES) -> str:
+def tail_lines(path: Path, n: int = STDERR_TAIL_LINES) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -110,7 +110,7 @@ def _failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptErro
             "torchrepro check compares training steps: make sure the script calls loss.backward() "
             "(and optimizer.step()).")
     error = ScriptError(f"run {i} of {total} {what}; the runs cannot be compared. {hint}\n"
-                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{_tail(run_dir / 'stderr.txt')}")
+                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}")
     error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
     return error
 
