@@ -9,10 +9,10 @@ PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 
 LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds"},
-    1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed"},
+    1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed", "registry"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics"},
     3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance",
-        "rankcompare"},
+        "rankcompare", "scan"},
     4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

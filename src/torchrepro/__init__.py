@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
         DeviceMismatchError,
         EnvFileError,
         MissingGeneratorError,
+        NondeterministicOpError,
         RankMismatchError,
         ReproError,
         ReproWarning,
@@ -45,8 +46,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     from .metrics import log_metric
     from .optrace import trace_ops
     from .record import watch
+    from .registry import OpEntry, nondeterministic_ops
     from .resume import ResumeReport, verify_resume
     from .rng import RNGState, isolate_rng, load_rng_state, register_generator, save_rng_state, unregister_generator
+    from .scan import ScanFinding, ScanReport, scan
     from .seeding import derive_seed, seed_everything
 
 _EXPORTS: dict[str, str] = {
@@ -75,6 +78,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceMismatchError": "errors",
     "EnvFileError": "errors",
     "MissingGeneratorError": "errors",
+    "NondeterministicOpError": "errors",
     "RankMismatchError": "errors",
     "ReproError": "errors",
     "ReproWarning": "errors",
@@ -90,6 +94,8 @@ _EXPORTS: dict[str, str] = {
     "log_metric": "metrics",
     "trace_ops": "optrace",
     "watch": "record",
+    "OpEntry": "registry",
+    "nondeterministic_ops": "registry",
     "ResumeReport": "resume",
     "verify_resume": "resume",
     "RNGState": "rng",
@@ -98,6 +104,9 @@ _EXPORTS: dict[str, str] = {
     "register_generator": "rng",
     "save_rng_state": "rng",
     "unregister_generator": "rng",
+    "ScanFinding": "scan",
+    "ScanReport": "scan",
+    "scan": "scan",
     "derive_seed": "seeding",
     "seed_everything": "seeding",
 }
@@ -116,6 +125,8 @@ __all__ = [
     "Environment",
     "MissingGeneratorError",
     "NondeterminismReport",
+    "NondeterministicOpError",
+    "OpEntry",
     "RNGState",
     "RankMismatchError",
     "ReproError",
@@ -123,6 +134,8 @@ __all__ = [
     "ResumableLoader",
     "ResumeReport",
     "RunDirError",
+    "ScanFinding",
+    "ScanReport",
     "ScriptError",
     "StateFileError",
     "TOLERANCES",
@@ -144,9 +157,11 @@ __all__ = [
     "log_metric",
     "make_generator",
     "measure_nondeterminism",
+    "nondeterministic_ops",
     "register_generator",
     "save_checkpoint",
     "save_rng_state",
+    "scan",
     "seed_everything",
     "seed_worker",
     "sync_rng_states",

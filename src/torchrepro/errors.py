@@ -119,3 +119,15 @@ class RankMismatchError(ReproError):
                          "that skip the all-reduce (no_sync, unused parameters), or buffers updated locally "
                          "(BatchNorm running stats without SyncBatchNorm); `torchrepro check --nproc-per-node N` "
                          "names the first step where they part.")
+
+
+class NondeterministicOpError(ReproError):
+    """An op that a :class:`~torchrepro.DeterminismPolicy` (or ``mark_deterministic``) forbids in this scope.
+
+    ``op`` is the ATen op (``aten.put_``), ``rule`` the pattern, tier or level that decided, ``line`` the user's
+    ``file:line`` and ``module`` the module path (empty outside any module).
+    """
+
+    def __init__(self, message: str, *, op: str, rule: str, line: str, module: str = "") -> None:
+        self.op, self.rule, self.line, self.module = op, rule, line, module
+        super().__init__(message)
