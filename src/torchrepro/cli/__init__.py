@@ -21,7 +21,7 @@ from ..errors import Interrupted, ReproError
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: the commands in LIGHT run without importing torch (fast enough for pre-commit hooks).
 COMMANDS = ["run_cmd", "check_cmd", "diff_cmd", "env_cmd", "audit_cmd", "lint_cmd", "rule_cmd", "bench_cmd",
-            "variance_cmd"]
+            "variance_cmd", "scan_cmd"]
 LIGHT = {"lint": "lint_cmd", "rule": "rule_cmd"}
 
 
