@@ -3,8 +3,13 @@ first optimizer step spends none of it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -70,3 +75,83 @@ def test_without_an_optimizer_each_backward_is_a_step_with_its_values(tmp_path):
     assert summary["step_mode"] == "backward"
     assert summary["values_saved"] == ["init", "backward_000001", "backward_000002", "backward_000003", "final"]
     assert all(e["params"] for e in load_run(tmp_path / "r").steps())
+
+
+def test_at_most_one_extra_copy_a_large_snapshot_is_skipped_while_the_writer_is_busy(tmp_path, monkeypatch):
+    """While a large snapshot is being written, the next is skipped (no second host copy); the final one waits."""
+    from torchrepro import record
+
+    release = threading.Event()
+    copies: list[int] = []
+    real = record.atomic_write
+
+    def slow(path, write, **kwargs):
+        copies.append(writer._inflight)
+        release.wait(10)
+        real(path, write, **kwargs)
+
+    monkeypatch.setattr(record, "atomic_write", slow)
+    monkeypatch.setattr(record._ValueWriter, "SMALL", SIZE - 1)  # every snapshot of the test model is "large"
+    writer = record._ValueWriter(tmp_path / "values", 100 * SIZE)
+    params = dict(nn.Linear(50, 40).named_parameters())
+    writer.submit("init", params)
+    writer.submit("step_000001", params)  # the writer is blocked on init: skipped, no second copy
+    writer.submit("step_000002", params)
+    assert writer.skipped_busy == 2 and writer._inflight == SIZE
+    release.set()
+    writer.submit("final", params, force=True)  # waits for init to be written, then copies
+    writer.close()
+    assert writer.saved == ["init", "final"] and writer.skipped_busy == 2 and writer.error is None
+    assert max(copies) == SIZE  # never more than one snapshot in flight
+    assert sorted(p.name for p in (tmp_path / "values").iterdir()) == ["final.pt", "init.pt"]
+
+
+def test_small_snapshots_queue_behind_a_busy_writer_and_none_is_lost(tmp_path, monkeypatch):
+    from torchrepro import record
+
+    release = threading.Event()
+    real = record.atomic_write
+    monkeypatch.setattr(record, "atomic_write", lambda p, w, **kw: (release.wait(10), real(p, w, **kw)))
+    writer = record._ValueWriter(tmp_path / "values", 100 * SIZE)
+    params = dict(nn.Linear(50, 40).named_parameters())
+    for i in range(5):
+        writer.submit(f"step_{i:06d}", params)
+    release.set()
+    writer.close()
+    assert writer.skipped_busy == 0 and writer.saved == [f"step_{i:06d}" for i in range(5)]
+
+
+MANUAL = str(Path(__file__).parent / "scripts" / "manual_sgd.py")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_values_budget_on_the_command_line(tmp_path):
+    params = (4 * 8 + 8 + 8 * 1 + 1) * 4  # bytes of one snapshot of the script's model
+    p = _cli("run", "--record", str(tmp_path / "r"), "--keep-values", "--values-budget", str(3 * params),
+             "--json", "--", "python", MANUAL)
+    assert p.returncode == 0, p.stderr
+    m = json.loads(p.stdout)
+    assert m["values_saved"] == ["init", "backward_000001", "final"] and m["values_skipped"] == 3
+    p = _cli("check", "--json", "--values-budget", "0", "--out", str(tmp_path / "c"), "--", "python", MANUAL)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["verdict"] == "identical"
+    assert not list((tmp_path / "c").glob("run*/values/*.pt"))
+    assert json.loads((tmp_path / "c" / "run1" / "manifest.json").read_text())["values_skipped"] == 6
+
+
+@pytest.mark.parametrize("size,expected", [("512", 512), ("4K", 4096), ("1.5G", 3 << 29), ("2GiB", 2 << 30)])
+def test_size_argument(size, expected):
+    from torchrepro.cli.run_cmd import size_arg
+
+    assert size_arg(size) == expected
+
+
+def test_bad_values_budget_is_a_usage_error(tmp_path):
+    p = _cli("check", "--values-budget", "lots", "--", "python", MANUAL)
+    assert p.returncode == 2
+    assert "expected a size in bytes such as 4G, 512M or 1073741824, got 'lots'" in p.stderr
+    p = _cli("run", "--values-budget", "1G", "--", "python", MANUAL)
+    assert p.returncode == 2 and "--values-budget limits the value snapshots of a recorded run" in p.stderr

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None:
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, durable: bool = True) -> None:
     """Call ``write(f)`` on a temporary file in ``path``'s directory, fsync it, then rename it onto ``path``.
 
-    A crash or ``kill -9`` at any point leaves the previous file at ``path`` intact.
+    A crash or ``kill -9`` at any point leaves the previous file at ``path`` intact. ``durable=False`` skips the
+    fsync: still never a half-written file after a crash of the process, but a power loss may lose the file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,7 +26,8 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object]) -> None
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -19,7 +19,6 @@ From code::
 from __future__ import annotations
 
 import hashlib
-import io
 import queue
 import threading
 import time
@@ -33,7 +32,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._io import atomic_write_bytes
+from ._io import atomic_write
 from ._modules import discover_models, optimizers_exist
 from .distributed import unreplicated_names
 from .envinfo import environment_summary
@@ -79,12 +78,19 @@ def _warn(message: str) -> None:
 
 
 class _ValueWriter:
-    """Writes parameter value snapshots in a background thread (the copy itself is taken synchronously).
+    """Writes parameter value snapshots in a background thread; the copy itself is taken synchronously.
+
+    Memory: at most one extra host copy of the parameters exists at any time. A snapshot is written straight
+    from that copy into its file (no serialised buffer in between); while the writer is still busy with an
+    earlier snapshot, a new one is skipped (counted in ``skipped_busy``) unless the two together stay under
+    ``SMALL`` bytes -- small models never skip, a 7B model never holds two copies. The final snapshot waits.
 
     A write that fails (a full disk, a permission error) never blocks or stops training: the first failure is
     kept in ``error`` and warned about, that snapshot and every later one are dropped (listed in ``failed``),
     and ``saved`` lists only the files that were written.
     """
+
+    SMALL = 64 << 20  # bytes in flight that never cause a skip
 
     def __init__(self, directory: Path, budget: int) -> None:
         self.dir = directory
@@ -93,10 +99,13 @@ class _ValueWriter:
         self.saved: list[str] = []
         self._failed: list[tuple[int, str]] = []  # (submission number, name): both threads append
         self._submitted = 0
-        self.skipped = 0
+        self.skipped = 0  # over the budget
+        self.skipped_busy = 0  # the writer was still busy with a large earlier snapshot
         self.error: str | None = None
         self._warned = False
-        self._q: queue.Queue[tuple[int, str, dict[str, torch.Tensor]] | None] = queue.Queue(maxsize=4)
+        self._inflight = 0  # bytes copied but not yet written
+        self._idle = threading.Condition()
+        self._q: queue.SimpleQueue[tuple[int, str, dict[str, torch.Tensor], int] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="torchrepro-values", daemon=True)
         self._thread.start()
 
@@ -115,28 +124,29 @@ class _ValueWriter:
             item = self._q.get()
             if item is None:
                 return
-            n, name, values = item
-            if self.error is not None:  # after a failure nothing more is written: the values have a gap
-                self._failed.append((n, name))
-                continue
+            n, name, values, size = item
             try:
-                buf = io.BytesIO()
-                torch.save(values, buf)
-                atomic_write_bytes(self.dir / f"{name}.pt", buf.getvalue())
-            except Exception as exc:
-                self._fail(n, name, exc)
-            else:
-                self.saved.append(name)
+                if self.error is not None:  # after a failure nothing more is written: the values have a gap
+                    self._failed.append((n, name))
+                    continue
+                try:  # durable=False: a rename is atomic; fsync per step would cost more than the write
+                    atomic_write(self.dir / f"{name}.pt", lambda f, v=values: torch.save(v, f), durable=False)
+                except Exception as exc:
+                    self._fail(n, name, exc)
+                else:
+                    self.saved.append(name)
+            finally:
+                del values, item
+                with self._idle:
+                    self._inflight -= size
+                    self._idle.notify_all()
 
-    def _put(self, item: tuple[int, str, dict[str, torch.Tensor]] | None) -> bool:
-        """Queue ``item`` unless the writer thread has ended (then nothing would ever take it)."""
-        while self._thread.is_alive():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _wait_idle(self) -> bool:
+        """Wait until every queued snapshot is written; False if the writer thread has ended."""
+        with self._idle:
+            while self._inflight and self._thread.is_alive():
+                self._idle.wait(0.1)
+        return self._thread.is_alive()
 
     def _warn_once(self) -> None:
         if self.error is not None and not self._warned:
@@ -158,18 +168,29 @@ class _ValueWriter:
         if self.used + size + reserve > self.budget:
             self.skipped += 1
             return
+        if force:
+            if not self._wait_idle():
+                self._fail(n, name, RuntimeError("the value writer thread has stopped"))
+                return
+        elif self._inflight and self._inflight + size > self.SMALL:
+            self.skipped_busy += 1
+            return
         self.used += size
         try:
             values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
         except Exception as exc:
             self._fail(n, name, exc)
             return
-        if not self._put((n, name, values)):
+        if not self._thread.is_alive():
             self._fail(n, name, RuntimeError("the value writer thread has stopped"))
+            return
+        with self._idle:
+            self._inflight += size
+        self._q.put((n, name, values, size))
 
     def close(self) -> None:
         """Write what is queued and stop the thread; returns once it has ended."""
-        self._put(None)
+        self._q.put(None)
         self._thread.join()
         self._warn_once()
 
@@ -555,6 +576,7 @@ class Recorder:
             "record_s": self._now(),
             "values_saved": list(self.values.saved) if self.values else [],
             "values_skipped": self.values.skipped if self.values else 0,
+            "values_skipped_busy": self.values.skipped_busy if self.values else 0,
             "values_error": self.values.error if self.values else None,
             "values_failed": self.values.failed if self.values else [],
             "stopped_at_max_steps": self.stopped,

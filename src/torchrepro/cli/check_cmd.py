@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     parse_python_command(command)  # a bad command is refused before any directory is made
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
-                         keep_values=True)
+                         keep_values=True, values_budget=args.values_budget)
     with lock_dir(out):
         dirs = execute_runs(command, out, args.runs, opts)
         runs = [load_run(d) for d in dirs]

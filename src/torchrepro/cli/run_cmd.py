@@ -37,6 +37,23 @@ def step_arg(text: str) -> int:
     return _int_at_least(text, 0, "a step number (0 or more)")
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+               "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def size_arg(text: str) -> int:
+    """A byte count: ``1073741824``, ``512M``, ``4G``, ``1.5GiB`` (binary units); 0 keeps no values."""
+    number = text.strip().upper().rstrip("BIKMGT")
+    unit = text.strip().upper()[len(number):]
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        value = -1
+    if not 0 <= value < 1 << 62:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 4G, 512M or 1073741824, got {text!r}")
+    return int(value)
+
+
 def runs_arg(text: str) -> int:
     value = positive_int(text)
     if value < 2:
@@ -51,6 +68,9 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="switch deterministic mode on (flags + CUBLAS_WORKSPACE_CONFIG) before the script starts")
     p.add_argument("--max-steps", type=positive_int, metavar="K", help="end the script cleanly after K steps")
+    p.add_argument("--values-budget", type=size_arg, metavar="SIZE",
+                   help="disk for parameter value snapshots per run (e.g. 4G; default 1G, the initial and final "
+                        "snapshots included): they give max |Δ weight|; beyond it only fingerprints are recorded")
     p.add_argument("--nproc-per-node", type=positive_int, metavar="P",
                    help="run the script on P ranks through torch.distributed.run (torchrun) and record each rank "
                         "into its own directory (rank0 ...); `-- torchrun --nproc-per-node P train.py` does the same")
@@ -75,12 +95,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.values_budget is not None and not (args.record and args.keep_values):
+        raise CommandError("--values-budget limits the value snapshots of a recorded run, so it needs --record DIR "
+                           "and --keep-values.")
     if args.trace_steps is not None and not args.record:
         raise CommandError("--trace-steps keeps the op trace in the run directory, so it needs --record DIR: "
                            "`torchrepro run --record DIR --trace-steps N -- python train.py`.")
     command, nproc = ranks_command(args.user_command, args.nproc_per_node)
     opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
-                         max_steps=args.max_steps, keep_values=args.keep_values,
+                         max_steps=args.max_steps, keep_values=args.keep_values, values_budget=args.values_budget,
                          trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None,
                          nproc_per_node=nproc)
     result = launch(command, opts, stdout=sys.stderr if args.json else None)
