@@ -23,6 +23,7 @@ import json
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -585,6 +586,18 @@ def _run_target(kind: str, target: str, args: list[str]) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
+def _print_user_traceback(exc: BaseException) -> None:
+    """The script's traceback on stderr, without the frames of torchrepro and runpy that started it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith(_OWN_DIR) or name.startswith("<") or name.endswith("runpy.py")):
+            break
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+    sys.stderr.flush()
+
+
 def child_main() -> None:
     """In the launcher's child: scan the user's script (``sys.argv[1:]`` = KIND TARGET ARGS) until the end of
     the configured number of steps and write the report to the file named in ``$TORCHREPRO_SCAN``."""
@@ -604,6 +617,9 @@ def child_main() -> None:
     except SystemExit as exc:
         failed = exc.code not in (None, 0)
         raise
+    except BaseException as exc:
+        _print_user_traceback(exc)
+        raise SystemExit(1) from None
     finally:
         scanner.stop()
         stopper.uninstall()

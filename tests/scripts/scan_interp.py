@@ -32,5 +32,5 @@ for step in range(5):
     loss.backward()
     opt.step()
     print(f"step {step} loss {loss.item():.4f}")
-    if step >= 1 and "--fail-after-scan" not in sys.argv:
+    if step >= int(sys.argv[sys.argv.index("--allow-steps") + 1] if "--allow-steps" in sys.argv else 1):
         raise SystemExit("scan should have stopped the script after its first step")

@@ -20,6 +20,8 @@ from ..scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
 from .check_cmd import tail_lines
 from .run_cmd import positive_int
 
+_STDERR_FD = 2  # with --json the script's stdout goes to our stderr (a file descriptor: works under any sys.stderr)
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -82,7 +84,8 @@ def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any 
 
 def run(args: argparse.Namespace) -> int:
     command = list(args.user_command)
-    report = scan_script(command, device=args.device, steps=args.steps, stdout=sys.stderr if args.json else None)
+    sys.stdout.flush()
+    report = scan_script(command, device=args.device, steps=args.steps, stdout=_STDERR_FD if args.json else None)
     if args.json:
         print(json.dumps({**report.to_dict(), "command": command}, indent=2))
     else:
