@@ -1,0 +1,428 @@
+"""Deterministic versions of PyTorch ops whose kernels add floating-point numbers in a varying order.
+
+Every function here gives the same bits on every run, with any number of threads, without
+``torch.use_deterministic_algorithms``. Sums are formed in index order (see ``_rowsum``); gradients use
+gathers (deterministic everywhere) or the same ordered sum. ``docs/nn.md`` lists each op's tolerance
+against the PyTorch op and its measured speed.
+
+>>> import torch
+>>> import torchrepro.nn.functional as F
+>>> F.index_add(torch.zeros(3), 0, torch.tensor([0, 2, 0]), torch.tensor([1.0, 2.0, 3.0])).tolist()
+[4.0, 0.0, 2.0]
+>>> F.bincount(torch.tensor([1, 1, 3]), weights=torch.tensor([0.5, 0.25, 1.0])).tolist()
+[0.0, 0.75, 0.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+from torch.nn.modules.utils import _pair
+
+from ..errors import ReproError
+from ._rowsum import row_sum, use_sorted
+
+__all__ = [
+    "UnsupportedOptionError",
+    "bincount",
+    "conv_transpose2d",
+    "embedding_bag",
+    "histc",
+    "index_add",
+    "index_put",
+    "scatter_add",
+]
+
+
+class UnsupportedOptionError(ReproError, ValueError):
+    """An argument the deterministic alternative does not support (the message says what to use instead)."""
+
+
+# ---------------------------------------------------------------------------------------------- index_add
+
+
+def _index_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, alpha: Any) -> torch.Tensor:
+    moved, src_moved = inp.movedim(dim, 0), src.movedim(dim, 0)
+    rows = src_moved.reshape(src_moved.shape[0], -1)
+    if alpha != 1:
+        rows = rows * alpha
+    summed = row_sum(moved.reshape(moved.shape[0], -1), index, rows)
+    return summed.view(moved.shape).movedim(0, dim).contiguous()
+
+
+class _IndexAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, alpha: Any):
+        ctx.dim, ctx.alpha = dim, alpha
+        ctx.save_for_backward(index)
+        return _index_add_value(inp, dim, index, src, alpha)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        grad_src = None
+        if ctx.needs_input_grad[3]:
+            grad_src = grad.index_select(ctx.dim, index)  # a gather: every output read once, no sums
+            if ctx.alpha != 1:
+                grad_src = grad_src * ctx.alpha
+        return (grad if ctx.needs_input_grad[0] else None), None, None, grad_src, None
+
+
+def _check_index(index: torch.Tensor, what: str) -> None:
+    if index.dtype not in (torch.int64, torch.int32):
+        raise ReproError(f"{what}: index must be an int64 or int32 tensor, got {index.dtype}; convert it with "
+                         ".long()")
+
+
+def index_add(input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
+              alpha: Any = 1) -> torch.Tensor:
+    """Deterministic ``torch.index_add``: ``input`` with ``alpha * source`` slices added at ``index`` along ``dim``.
+
+    >>> index_add(torch.zeros(2, 2), 0, torch.tensor([1, 1]), torch.ones(2, 2)).tolist()
+    [[0.0, 0.0], [2.0, 2.0]]
+    """
+    _check_index(index, "index_add")
+    if index.dim() > 1:
+        raise ReproError(f"index_add: index must be 1-D, got shape {tuple(index.shape)}")
+    dim = dim % max(input.dim(), 1)
+    return _IndexAdd.apply(input, dim, index.reshape(-1), source, alpha)
+
+
+# -------------------------------------------------------------------------------------------- scatter_add
+
+
+def _flat_targets(shape: Sequence[int], dim: int, index: torch.Tensor) -> torch.Tensor:
+    """Row-major position in a contiguous tensor of ``shape`` that each element of ``index`` scatters to."""
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    flat = index.to(torch.int64) * strides[dim]
+    for d, size in enumerate(index.shape):
+        if d != dim and strides[d] and size > 1:
+            view = [1] * index.dim()
+            view[d] = size
+            flat = flat + torch.arange(size, device=index.device).view(view) * strides[d]
+    return flat.reshape(-1)
+
+
+def _scatter_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if not use_sorted(inp.device):  # CPU: scatter_add_ runs serially, in index order (checked by the tests)
+        return inp.clone().scatter_add_(dim, index, src)
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= inp.shape[dim]):
+        raise IndexError(f"scatter_add: index values must lie in [0, {inp.shape[dim] - 1}]")
+    picked = src[tuple(slice(0, n) for n in index.shape)]
+    flat = row_sum(inp.contiguous().view(-1, 1), _flat_targets(inp.shape, dim, index), picked.reshape(-1, 1))
+    return flat.view(inp.shape)
+
+
+class _ScatterAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor):
+        ctx.dim, ctx.src_shape = dim, src.shape
+        ctx.save_for_backward(index)
+        return _scatter_add_value(inp, dim, index, src)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        grad_src = None
+        if ctx.needs_input_grad[3]:
+            gathered = grad.gather(ctx.dim, index)
+            if gathered.shape == ctx.src_shape:
+                grad_src = gathered
+            else:  # src larger than index: the elements never scattered get no gradient
+                grad_src = grad.new_zeros(ctx.src_shape)
+                grad_src[tuple(slice(0, n) for n in index.shape)] = gathered
+        return (grad if ctx.needs_input_grad[0] else None), None, None, grad_src
+
+
+def scatter_add(input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Deterministic ``torch.scatter_add``: ``out[index[i][j]][j] += src[i][j]`` (for ``dim=0``), in index order.
+
+    >>> scatter_add(torch.zeros(3), 0, torch.tensor([2, 2, 0]), torch.tensor([1.0, 2.0, 3.0])).tolist()
+    [3.0, 0.0, 3.0]
+    """
+    _check_index(index, "scatter_add")
+    if index.dim() != input.dim():
+        raise ReproError(f"scatter_add: index must have as many dimensions as input ({input.dim()}), "
+                         f"got {index.dim()}")
+    dim = dim % max(input.dim(), 1)
+    return _ScatterAdd.apply(input, dim, index.to(torch.int64), src)
+
+
+# --------------------------------------------------------------------------------------------- index_put
+
+
+def _put_rows(inp: torch.Tensor, indices: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Size, int]:
+    """Flat row numbers over the indexed leading dims, the broadcast shape of the indices, how many dims."""
+    expanded: list[torch.Tensor] = []
+    for idx in indices:
+        if idx.dtype == torch.bool:
+            expanded.extend(idx.nonzero(as_tuple=True))
+        elif idx.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            expanded.append(idx.to(torch.int64))
+        else:
+            raise ReproError(f"index_put: indices must be integer or bool tensors, got {idx.dtype}")
+    if not expanded or len(expanded) > inp.dim():
+        raise ReproError(f"index_put: expected 1 to {inp.dim()} index tensors for a {inp.dim()}-D input, "
+                         f"got {len(expanded)}")
+    expanded = list(torch.broadcast_tensors(*expanded))
+    flat = torch.zeros_like(expanded[0])
+    for size, idx in zip(inp.shape, expanded):
+        if idx.numel() and (int(idx.min()) < -size or int(idx.max()) >= size):
+            raise IndexError(f"index_put: index out of range for a dimension of size {size}")
+        flat = flat * size + torch.where(idx < 0, idx + size, idx)
+    return flat.reshape(-1), expanded[0].shape, len(expanded)
+
+
+class _IndexPut(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, flat: torch.Tensor, lead: int, bshape: torch.Size,
+                values: torch.Tensor):
+        trailing = inp.shape[lead:]
+        width = trailing.numel()
+        rows = values.expand(*bshape, *trailing).reshape(flat.numel(), width)
+        ctx.save_for_backward(flat)
+        ctx.width, ctx.view, ctx.values_shape = width, (*bshape, *trailing), values.shape
+        return row_sum(inp.reshape(-1, width), flat, rows).view(inp.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        (flat,) = ctx.saved_tensors
+        grad_values = None
+        if ctx.needs_input_grad[4]:
+            picked = grad.reshape(-1, ctx.width).index_select(0, flat).view(ctx.view)
+            grad_values = picked.sum_to_size(ctx.values_shape) if picked.shape != ctx.values_shape else picked
+        return (grad if ctx.needs_input_grad[0] else None), None, None, None, grad_values
+
+
+def index_put(input: torch.Tensor, indices: Sequence[torch.Tensor], values: torch.Tensor,
+              accumulate: bool = True) -> torch.Tensor:
+    """Deterministic ``torch.index_put(input, indices, values, accumulate=True)``: duplicates add up in index order.
+
+    ``indices`` index the leading dimensions of ``input`` (integer or bool tensors, broadcast together).
+
+    >>> index_put(torch.zeros(3), (torch.tensor([0, 0, 2]),), torch.tensor([1.0, 2.0, 5.0])).tolist()
+    [3.0, 0.0, 5.0]
+    """
+    if not accumulate:
+        raise UnsupportedOptionError("index_put: accumulate=False is not provided (with duplicate indices the "
+                                     "value written is unspecified); use accumulate=True, or torch.index_put "
+                                     "with indices you know to be unique")
+    if isinstance(indices, torch.Tensor):
+        indices = (indices,)
+    flat, bshape, lead = _put_rows(input, tuple(indices))
+    return _IndexPut.apply(input, flat, lead, bshape, values.to(input.dtype))
+
+
+# ------------------------------------------------------------------------------------------ bincount, histc
+
+
+def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
+    """Deterministic ``torch.bincount``: weights summed per value in index order (differentiable in ``weights``).
+
+    Same result dtype as PyTorch: counts are int64; float32 weights give float32, other weights float64.
+
+    >>> bincount(torch.tensor([0, 2, 2])).tolist()
+    [1, 0, 2]
+    """
+    if input.dim() != 1 or input.dtype.is_floating_point or input.dtype == torch.bool:
+        raise ReproError(f"bincount: input must be a 1-D integer tensor, got {input.dim()}-D {input.dtype}")
+    if input.numel() and int(input.min()) < 0:
+        raise ReproError(f"bincount: input must be non-negative, got the value {int(input.min())}")
+    if weights is None:
+        return torch.bincount(input, minlength=minlength)  # integer counts: exact in any order
+    if weights.shape != input.shape:
+        raise ReproError(f"bincount: weights must have the shape of input {tuple(input.shape)}, "
+                         f"got {tuple(weights.shape)}")
+    length = max(int(input.max()) + 1 if input.numel() else 0, minlength)
+    dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+    zeros = torch.zeros(length, dtype=dtype, device=weights.device)
+    return index_add(zeros, 0, input, weights.to(dtype))
+
+
+def _histc_edges(input: torch.Tensor, min: float, max: float) -> tuple[float, float]:
+    left, right = float(min), float(max)
+    if left == right and input.numel():
+        low, high = torch.aminmax(input)
+        left, right = float(low), float(high)
+    if left == right:
+        left, right = left - 1, right + 1
+    if any(v != v or v in (float("inf"), float("-inf")) for v in (left, right)):
+        raise ReproError(f"histc: range of [{left}, {right}] is not finite; pass finite min and max")
+    if left > right:
+        raise ReproError(f"histc: max must be larger than min, got min={min}, max={max}")
+    return left, right
+
+
+def histc(input: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """Deterministic ``torch.histc``: the same bins as PyTorch's CPU kernel, counted with integers (exact).
+
+    PyTorch's CUDA kernel adds 1.0 per element with float atomics; here counts are int64, converted at the end.
+
+    >>> histc(torch.tensor([0.0, 0.5, 1.0, 2.0]), bins=2, min=0, max=1).tolist()
+    [1.0, 2.0]
+    """
+    if not input.dtype.is_floating_point:
+        raise ReproError(f"histc: input must be a floating-point tensor, got {input.dtype}")
+    if bins <= 0:
+        raise ReproError(f"histc: bins must be > 0, got {bins}")
+    left, right = _histc_edges(input, min, max)
+    x = input.reshape(-1)
+    lo = torch.tensor(left, dtype=input.dtype, device=input.device)
+    hi = torch.tensor(right, dtype=input.dtype, device=input.device)
+    pos = ((x - lo) * bins / (hi - lo)).to(torch.int64).clamp_(0, bins - 1)  # x == max goes to the last bin
+    pos = torch.where((x >= lo) & (x <= hi), pos, bins)  # outside the range (and NaN): a bin cut off below
+    return torch.bincount(pos, minlength=bins + 1)[:bins].to(input.dtype)
+
+
+# --------------------------------------------------------------------------------------------- embedding_bag
+
+
+class _EmbeddingBag(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, mode: str,
+                psw: torch.Tensor | None):
+        # PyTorch's forward reduces each bag front to back in one thread on CPU and CUDA: already deterministic.
+        out = torch.nn.functional.embedding_bag(inp, weight, offsets, mode=mode, per_sample_weights=psw)
+        ctx.mode, ctx.num_weights = mode, weight.shape[0]
+        ctx.save_for_backward(inp, offsets, weight, psw)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        inp, offsets, weight, psw = ctx.saved_tensors
+        positions = torch.arange(inp.numel(), device=inp.device)
+        bag = torch.bucketize(positions, offsets, right=True) - 1  # which bag each lookup belongs to
+        rows = grad.index_select(0, bag)
+        if ctx.mode == "mean":
+            sizes = torch.diff(offsets, append=offsets.new_tensor([inp.numel()])).clamp_(min=1)
+            rows = rows / sizes.index_select(0, bag).unsqueeze(1).to(rows.dtype)
+        grad_psw = None
+        if psw is not None and ctx.needs_input_grad[4]:
+            grad_psw = (rows * weight.index_select(0, inp)).sum(1)
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            if psw is not None:
+                rows = rows * psw.unsqueeze(1)
+            grad_weight = row_sum(weight.new_zeros(ctx.num_weights, weight.shape[1]), inp, rows)
+        return None, grad_weight, None, None, grad_psw
+
+
+def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor | None = None,
+                  mode: str = "sum", per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Deterministic ``torch.nn.functional.embedding_bag`` for ``mode="sum"`` and ``"mean"``.
+
+    ``input`` is 1-D with ``offsets`` (start of each bag) or 2-D (one bag per row, ``offsets=None``).
+
+    >>> w = torch.arange(6.0).view(3, 2)
+    >>> embedding_bag(torch.tensor([0, 2, 1]), w, torch.tensor([0, 2])).tolist()
+    [[4.0, 6.0], [2.0, 3.0]]
+    """
+    if mode not in ("sum", "mean"):
+        raise UnsupportedOptionError(f"embedding_bag: mode={mode!r} is not provided; use 'sum' or 'mean' "
+                                     "(PyTorch raises for mode='max' backward on CUDA under deterministic mode)")
+    if per_sample_weights is not None and mode != "sum":
+        raise UnsupportedOptionError(f"embedding_bag: per_sample_weights need mode='sum', got mode={mode!r}")
+    if input.dim() == 2:
+        if offsets is not None:
+            raise ReproError("embedding_bag: offsets must be None when input is 2-D (one bag per row)")
+        offsets = torch.arange(0, input.numel(), max(input.shape[1], 1), device=input.device)[: input.shape[0]]
+        input = input.reshape(-1)
+        per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+    elif input.dim() != 1 or offsets is None:
+        raise ReproError(f"embedding_bag: expected a 1-D input with offsets or a 2-D input, got a "
+                         f"{input.dim()}-D input and offsets={'None' if offsets is None else 'a tensor'}")
+    return _EmbeddingBag.apply(input.to(torch.int64), weight, offsets.to(torch.int64), mode, per_sample_weights)
+
+
+# ------------------------------------------------------------------------------------------ conv_transpose2d
+
+
+@contextmanager
+def cudnn_deterministic(device: torch.device) -> Iterator[None]:
+    """cuDNN's deterministic algorithms (and no benchmarking) for the ops inside, on CUDA; restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    before = (torch._C._get_cudnn_deterministic(), torch._C._get_cudnn_benchmark())
+    torch._C._set_cudnn_deterministic(True)
+    torch._C._set_cudnn_benchmark(False)
+    try:
+        yield
+    finally:
+        torch._C._set_cudnn_deterministic(before[0])
+        torch._C._set_cudnn_benchmark(before[1])
+
+
+class _Convolution(torch.autograd.Function):
+    """``aten.convolution`` whose forward and backward both run with cuDNN's deterministic algorithms."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, args: tuple):
+        ctx.args, ctx.has_bias = args, b is not None
+        ctx.save_for_backward(x, w)
+        with cudnn_deterministic(x.device):
+            return torch.ops.aten.convolution(x, w, b, *args)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        stride, padding, dilation, transposed, output_padding, groups = ctx.args
+        bias_sizes = [w.shape[1] * groups] if transposed else [w.shape[0]]
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        with cudnn_deterministic(x.device):
+            gx, gw, gb = torch.ops.aten.convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation,
+                                                             transposed, output_padding, groups, mask)
+        return gx, gw, gb, None
+
+
+def _zero_insertion(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
+                    padding: list[int], output_padding: list[int], groups: int, dilation: list[int]) -> torch.Tensor:
+    """Transposed convolution as: insert stride-1 zeros between inputs, pad, convolve with the flipped kernel."""
+    n, c, h, w = x.shape
+    up = x.new_zeros(n, c, (h - 1) * stride[0] + 1, (w - 1) * stride[1] + 1)
+    up[:, :, :: stride[0], :: stride[1]] = x
+    kh, kw = weight.shape[-2:]
+    ph, pw = dilation[0] * (kh - 1) - padding[0], dilation[1] * (kw - 1) - padding[1]
+    up = torch.nn.functional.pad(up, (pw, pw + output_padding[1], ph, ph + output_padding[0]))
+    cin, cout_g = weight.shape[:2]
+    flipped = (weight.view(groups, cin // groups, cout_g, kh, kw).transpose(1, 2)
+               .reshape(groups * cout_g, cin // groups, kh, kw).flip(-2, -1))
+    return _Convolution.apply(up, flipped, bias, ([1, 1], [0, 0], dilation, False, [0, 0], groups))
+
+
+_CONSTRUCTIONS = ("native", "zero_insertion")
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
+                     dilation: Any = 1, *, construction: str = "native") -> torch.Tensor:
+    """Deterministic ``torch.nn.functional.conv_transpose2d`` (same arguments, same weight layout).
+
+    ``construction="native"`` runs PyTorch's transposed convolution, forward and backward, with cuDNN's
+    deterministic algorithms selected for this op only; ``"zero_insertion"`` computes the same sums as zero
+    insertion + padding + an ordinary convolution with the flipped kernel (about stride**2 times the work).
+
+    >>> conv_transpose2d(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2), stride=2).shape
+    torch.Size([1, 1, 4, 4])
+    """
+    if construction not in _CONSTRUCTIONS:
+        raise UnsupportedOptionError(f"conv_transpose2d: construction={construction!r}; expected one of "
+                                     f"{', '.join(_CONSTRUCTIONS)}")
+    if input.dim() != 4:
+        raise ReproError(f"conv_transpose2d: input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
+    stride, padding, output_padding, dilation = (list(_pair(v)) for v in (stride, padding, output_padding,
+                                                                          dilation))
+    if construction == "zero_insertion":
+        return _zero_insertion(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    return _Convolution.apply(input, weight, bias, (stride, padding, dilation, True, output_padding, groups))
