@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     from .measure import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
     from .metrics import log_metric
     from .optrace import trace_ops
+    from .policy import DeterminismPolicy, mark_deterministic
     from .record import watch
     from .registry import OpEntry, nondeterministic_ops
     from .resume import ResumeReport, verify_resume
@@ -93,6 +94,8 @@ _EXPORTS: dict[str, str] = {
     "measure_nondeterminism": "measure",
     "log_metric": "metrics",
     "trace_ops": "optrace",
+    "DeterminismPolicy": "policy",
+    "mark_deterministic": "policy",
     "watch": "record",
     "OpEntry": "registry",
     "nondeterministic_ops": "registry",
@@ -118,6 +121,7 @@ __all__ = [
     "CollectiveError",
     "ConsistencyReport",
     "DeterminismConfig",
+    "DeterminismPolicy",
     "DeviceMismatchError",
     "EnvChange",
     "EnvDiff",
@@ -156,6 +160,7 @@ __all__ = [
     "load_rng_state",
     "log_metric",
     "make_generator",
+    "mark_deterministic",
     "measure_nondeterminism",
     "nondeterministic_ops",
     "register_generator",
