@@ -102,6 +102,11 @@ class CheckResult:
     # {"step" (None = final), "tensor", "runs" (indices, as in Difference.runs), "text" (runs numbered from 1)}
     nonfinite: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # max |Δ| of gradients and optimizer state where they first differ (from values/grads_N.pt, state_N.pt)
+    value_deltas: list[dict[str, Any]] = field(default_factory=list)
+    params_identical: bool | None = None  # no parameter differs at any step nor at the end
+    value_delta_text: str | None = None  # "parameters identical so far; gradients differ by up to ..."
+    compiled: dict[str, Any] | None = None  # torch.compile'd regions and whether the divergence lies in them
 
     @property
     def explanation(self) -> str | None:
@@ -133,6 +138,10 @@ class CheckResult:
             "max_ulp_tensor": self.max_ulp_tensor,
             "nonfinite_differences": self.nonfinite,
             "notes": self.notes,
+            "value_deltas": self.value_deltas,
+            "parameters_identical": self.params_identical,
+            "value_delta_text": self.value_delta_text,
+            "compiled": self.compiled,
         }
 
 
@@ -492,6 +501,7 @@ def compare_runs(runs: list[Run]) -> CheckResult:
             continue
         diffs.extend(_pair_differences(runs[0], other, 0, i))
     result.losses = [[_loss_value(s, mode) for s in r.steps()] for r in runs]
+    result.compiled = _compiled_regions(runs)
     _loss_deltas(result)
     result.notes += _unreadable_notes(runs)
     if mode == "backward":
@@ -518,7 +528,103 @@ def compare_runs(runs: list[Run]) -> CheckResult:
     else:
         result.cause = "compute"
     _growth(runs, result)
+    _value_deltas(runs, result)
+    _in_compiled_code(result)
     return result
+
+
+# --- gradients and optimizer state while the parameters are still identical ------------------------------
+_VALUE_KINDS = {"grads": ("grads", "gradients differ"), "state": ("state", "optimizer state differs")}
+
+
+def _differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    if a.dtype in _INT_VIEW:
+        return int((a.contiguous().view(_INT_VIEW[a.dtype]) != b.contiguous().view(_INT_VIEW[b.dtype])).sum())
+    return int((a != b).sum())
+
+
+def _value_deltas(runs: list[Run], result: CheckResult) -> None:
+    """max |Δ| of the gradients and optimizer state at the step where each first differs, from the value snapshots
+    the recorder keeps of the first steps (``values/grads_N.pt``, ``values/state_N.pt``); and the sentence saying
+    so while the parameters are identical."""
+    result.params_identical = "params" not in result.kind_first_steps and "init" not in result.kind_first_steps
+    parts: list[str] = []
+    for kind, (prefix, label) in _VALUE_KINDS.items():
+        step = result.kind_first_steps.get(kind)
+        if step is None:
+            continue
+        name = f"{prefix}_{step:06d}"
+        va = runs[0].values(name)
+        entry: dict[str, Any] = {"kind": kind, "step": step, "max_abs_delta": None, "tensor": None,
+                                 "elements_differing": None, "max_ulp": None}
+        if va is not None:
+            for other in runs[1:]:
+                vb = other.values(name)
+                if vb is None:
+                    continue
+                deltas = _deltas(va, vb)
+                m, where = _worst(deltas, "max_abs")
+                if where is not None and (entry["max_abs_delta"] is None or m > entry["max_abs_delta"]):
+                    entry.update(max_abs_delta=m, tensor=where, max_ulp=deltas[where].max_ulp,
+                                 elements_differing=sum(_differing_elements(va[n], vb[n])
+                                                        for n, d in deltas.items() if not d.equal))
+        result.value_deltas.append(entry)
+        if entry["max_abs_delta"] is not None:
+            parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, {entry['tensor']}; "
+                         f"{entry['elements_differing']} elements differ)")
+        else:
+            parts.append(f"{label} from step {step} on (by how much is unknown: their values are kept for "
+                         "the first steps only, within the values budget)")
+    if parts:
+        head = "parameters identical so far; " if result.params_identical else ""
+        result.value_delta_text = head + "; ".join(parts)
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------
+def _compiled_regions(runs: list[Run]) -> dict[str, Any] | None:
+    """The compiled regions run 1 recorded (``manifest["compiled"]``), or None when nothing was compiled."""
+    regions = runs[0].manifest.get("compiled") or []
+    return {"regions": regions, "in_compiled_code": None, "region": None, "tensors": [], "text": None} if regions \
+        else None
+
+
+def region_text(region: dict[str, Any]) -> str:
+    """``TinyGPT compiled at train.py:79 (`model = torch.compile(model)`, backend inductor, mode default)``."""
+    where = f" at {region['file']}:{region['line']}" if region.get("file") else ""
+    code = f"`{region['code']}`, " if region.get("code") else ""
+    path = f" (module path {region['module_path']!r})" if region.get("module_path") else ""
+    return (f"{region['target']}{path} compiled{where} ({code}backend {region.get('backend')}, "
+            f"mode {region.get('mode') or 'default'})")
+
+
+def _in_compiled_code(result: CheckResult) -> None:
+    """Whether the first divergent tensors belong to a compiled module (by parameter name prefix)."""
+    info = result.compiled
+    if info is None or result.verdict != "diverged":
+        return
+    names = [n for d in result.first if d.kind in ("loss", "grads", "params", "state") for n in d.names]
+    losses = any(d.kind == "loss" for d in result.first)
+    for region in info["regions"]:
+        prefix = region.get("param_prefix")
+        if prefix is None:
+            continue
+        mine = [n for n in names if n.startswith(prefix)]
+        if losses and region.get("module_path") == "":  # the whole model is compiled: so is its loss
+            mine = mine or [n for n in names if n.startswith("loss")]
+        if mine:
+            info.update(in_compiled_code=True, region=region["index"], tensors=mine)
+            info["text"] = (f"the first divergent tensors ({', '.join(mine[:3])}{' ...' if len(mine) > 3 else ''}) "
+                            f"are computed by code that torch.compile generated: {region_text(region)}. "
+                            "`--locate` measures the compiled kernels themselves.")
+            return
+    functions = [r for r in info["regions"] if r.get("param_prefix") is None]
+    if functions:
+        info["text"] = ("the script compiles functions whose tensors cannot be told apart by name ("
+                        + "; ".join(region_text(r) for r in functions[:3]) + "): the divergence may lie in them.")
+    else:
+        info["in_compiled_code"] = False
+        info["text"] = ("the first divergent tensors are not computed by the compiled modules ("
+                        + "; ".join(region_text(r) for r in info["regions"][:3]) + ").")
 
 
 def _growth(runs: list[Run], result: CheckResult) -> None:

@@ -34,6 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ._io import atomic_write
 from ._modules import discover_models, optimizers_exist
+from .compiled import CompileWatch, measure_graphs
 from .distributed import unreplicated_names
 from .envinfo import environment_summary
 from .errors import ReproWarning
@@ -50,6 +51,9 @@ from .optrace import OpTracer
 from .store import OPS, VALUES, TraceWriter, write_manifest
 
 DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
+# Gradients and optimizer state are also saved (values/grads_N.pt, values/state_N.pt) for the first steps only, so
+# that check can say how large their difference is while the parameters are still identical.
+GRAD_VALUE_STEPS = 3
 
 
 class MaxStepsReached(SystemExit):
@@ -239,6 +243,7 @@ class Recorder:
         self._optimizers_exist: bool | None = None
         self._warned: set[str] = set()
         self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
+        self._compile_watch = CompileWatch.from_env()  # torch.compile calls (and graph capture for --locate)
         self.steps = 0
         self.backward_calls = 0
         self._names: dict[int, str] = {}
@@ -400,6 +405,7 @@ class Recorder:
         self._batches_since_backward = []
         if self.values is not None and params:
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
+            self._submit_grads(self.backward_calls, params, {})
         self.trace.write(event)
 
     def _losses(self) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor | None]]:
@@ -445,12 +451,26 @@ class Recorder:
         self.trace.write(event)
         if self.values is not None:
             self.values.submit(f"step_{self.steps:06d}", params)
+            self._submit_grads(self.steps, params, state)
         if self.trace_mode == "optimizer":
             self._trace_boundary(self.steps + 1)
         if self.check_ranks_every and self.steps % self.check_ranks_every == 0:
             self._check_ranks()
         if self.max_steps is not None and self.steps >= self.max_steps:
             self._stop()
+
+    def _submit_grads(self, n: int, params: Mapping[str, torch.Tensor],
+                      state: Mapping[str, torch.Tensor | None]) -> None:
+        """Snapshots of gradients and optimizer state for the first ``GRAD_VALUE_STEPS`` steps (values budget)."""
+        if self.values is None or n > GRAD_VALUE_STEPS:
+            return
+        grads = {k: p.grad for k, p in params.items()
+                 if isinstance(p.grad, torch.Tensor) and p.grad.layout == torch.strided}
+        if grads:
+            self.values.submit(f"grads_{n:06d}", grads)
+        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.layout == torch.strided}
+        if tensors:
+            self.values.submit(f"state_{n:06d}", tensors)
 
     def _check_ranks(self) -> None:
         """Compare this step's replicas across ranks (a collective: every rank gets here at the same step)."""
@@ -468,6 +488,7 @@ class Recorder:
         if self._active:
             return self
         rec = self
+        self._compile_watch.install()
         if self.trace_steps is not None:
             self._trace_boundary(0 if self.trace_steps[0] == 0 else 1)
         orig_backward = torch.autograd.backward
@@ -532,8 +553,21 @@ class Recorder:
             h.remove()
         self._handles.clear()
         self._active = False
+        self._compile_watch.uninstall()
         if self in _installed:
             _installed.remove(self)
+
+    def _compiled(self) -> list[dict[str, Any]]:
+        """The torch.compile'd regions (see :mod:`torchrepro.compiled`); with graph capture on, measure them."""
+        watch = self._compile_watch
+        try:
+            models = self._models if self._models is not None else (self._discovered or discover_models())
+            if watch.capture is not None:
+                measure_graphs(watch, self.trace.dir, models)
+            return watch.regions(models)
+        except Exception as exc:  # never let this break the end of a recording
+            self._warn_once("compiled", f"could not describe the compiled regions ({type(exc).__name__}: {exc}).")
+            return []
 
     def log_metric(self, name: str, value: float) -> None:
         """Write a metric the script reports (``torchrepro.log_metric``) into the trace, with the step count."""
@@ -553,6 +587,7 @@ class Recorder:
         if self._tracer is not None:
             self._tracer.stop()
         self.uninstall()
+        compiled = self._compiled()
         unreplicated: list[str] = []
         if self.steps or self.backward_calls:
             params = self._final_params()
@@ -582,6 +617,7 @@ class Recorder:
             "stopped_at_max_steps": self.stopped,
             "traced_steps": list(self.trace_steps) if self.trace_steps else None,
             "traced_ops": self._tracer.count if self._tracer else 0,
+            "compiled": compiled,
         }
 
 

@@ -61,7 +61,11 @@ def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
         for entry in result.nonfinite:
             when = "final" if entry.get("step") is None else f"step {entry['step']}"
             lines.append(f"  {when}: {entry['text']}")
+        if result.value_delta_text:
+            lines.append(f"  {result.value_delta_text}")
         lines.append("")
+        if result.compiled and result.compiled.get("text"):
+            lines.append(f"Compiled: {result.compiled['text']}")
         lines.append(f"Cause: {result.cause} - {result.explanation}")
         lines.append(f"Next:  {result.action}")
     for note in result.notes:
