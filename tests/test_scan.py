@@ -93,15 +93,18 @@ def test_device_cpu_lists_index_put_accumulate_which_cuda_does_not(capsys):
     assert rc == 0 and json.loads(out)["findings"] == []  # on CUDA index_put_(accumulate=True) is deterministic
 
 
-def test_a_failing_script_is_an_input_error_with_its_stderr_tail(capsys):
-    rc, out, err = scan(capsys, "--json", command=[str(SCRIPTS / "scan_fails.py")])
+def test_a_failing_script_is_an_input_error_with_its_stderr_tail_and_what_was_found(capsys):
+    rc, out, err = scan(capsys, "--json", "--device", "cpu", command=[str(SCRIPTS / "scan_fails.py")])
     doc = json.loads(out)
     assert rc == 2 and doc["verdict"] == "error" and doc["exit_code"] == 2
-    assert "failed with exit code 1" in doc["error"] and "Fix the script" in doc["error"]
-    assert "RuntimeError: shape mismatch in my_model.forward: expected 5 features, got 3" in doc["error"]
-    assert 'scan_fails.py", line 6, in <module>' in doc["error"]
-    assert "launcher.py" not in doc["error"]  # the traceback starts at the user's script
-    assert "shape mismatch" in err
+    assert "failed with exit code 1 before the scan was complete" in doc["error"] and "Fix the script" in doc["error"]
+    # put_ raised under the script's own deterministic mode; the scan had seen it first and says so
+    assert ("Before it failed, the scan had found these ops that are nondeterministic on cpu: aten.put_ at "
+            "tests/scripts/scan_fails.py:7 (deterministic mode raises).") in doc["error"]
+    assert "RuntimeError: put_ does not have a deterministic implementation" in doc["error"]
+    assert 'scan_fails.py", line 7, in <module>' in doc["error"]
+    assert "launcher.py" not in doc["error"] and "torchrepro/scan.py" not in doc["error"]  # the user's frames only
+    assert "put_ does not have a deterministic implementation" in err
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -587,15 +587,24 @@ def _run_target(kind: str, target: str, args: list[str]) -> None:
 
 
 def _print_user_traceback(exc: BaseException) -> None:
-    """The script's traceback on stderr, without the frames of torchrepro and runpy that started it."""
-    tb = exc.__traceback__
+    """The script's traceback on stderr, without the frames of torchrepro and runpy that started it and of the
+    scanner's modes."""
+    tb, started = exc.__traceback__, False
     while tb is not None and tb.tb_next is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if not (name.startswith(_OWN_DIR) or name.startswith("<") or name.endswith("runpy.py")):
+        code = tb.tb_frame.f_code
+        ours = code.co_filename.startswith(_OWN_DIR) or "runpy" in code.co_filename
+        if started and not ours:
             break
+        started = started or (code.co_filename == __file__ and code.co_name == "_run_target")
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
-    sys.stderr.flush()
+    report = traceback.TracebackException(type(exc), exc, tb)
+    kept = []
+    for frame in report.stack:  # the frames of our dispatch/function modes and below would not be there without us
+        if frame.filename.startswith(_OWN_DIR):
+            break
+        kept.append(frame)
+    report.stack = traceback.StackSummary.from_list(kept)
+    print("".join(report.format()), end="", file=sys.stderr, flush=True)
 
 
 def child_main() -> None:
@@ -623,7 +632,7 @@ def child_main() -> None:
     finally:
         scanner.stop()
         stopper.uninstall()
-        if os.getpid() == pid and not failed:
+        if os.getpid() == pid:  # also when the script failed: what was found before may explain it
             steps = stopper.optimizer_steps or stopper.backward_calls
             report = scanner.report(step_mode=stopper.step_mode, steps=steps)
-            atomic_write_json(Path(config["out"]), {**report.to_dict(), "stopped_early": stopper.done})
+            atomic_write_json(Path(config["out"]), {**report.to_dict(), "complete": not failed})

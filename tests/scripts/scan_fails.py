@@ -1,6 +1,7 @@
-"""A training script that fails during its first step."""
+"""A training script that fails in its first step: under deterministic mode, put_ raises on CPU."""
 import torch
 
-x = torch.randn(4, 3, requires_grad=True)
+torch.use_deterministic_algorithms(True)
+x = torch.zeros(8)
 print("starting the step")
-raise RuntimeError("shape mismatch in my_model.forward: expected 5 features, got 3")
+x.put_(torch.tensor([1, 1]), torch.tensor([1.0, 2.0]))  # line 7

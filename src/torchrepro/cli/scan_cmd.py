@@ -62,17 +62,16 @@ def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any 
         with open(err_path, "wb") as err:
             result = launch(launch_command, opts, stdout=stdout, stderr=err)
         what = f"`{' '.join(command)}`"
+        doc = _read_report(out)
         if result.returncode != 0:
             how = (f"was killed by signal {-result.returncode}" if result.returncode < 0 else
                    f"failed with exit code {result.returncode}")
-            raise ScriptError(f"the script {what} {how} before the scan was complete; nothing was scanned. Fix the "
-                              "script so that it runs on its own (`python ...`), then scan again.\n"
+            raise ScriptError(f"the script {what} {how} before the scan was complete. Fix the script so that it "
+                              f"runs on its own (`python ...`), then scan again.{_found_before(doc)}\n"
                               f"Last lines of its stderr:\n{tail_lines(err_path)}")
-        try:
-            doc = json.loads(out.read_text())
-        except (OSError, ValueError):
+        if doc is None:
             raise ScanError(f"the script {what} exited with 0 but left no scan report (did it end the process with "
-                            f"os._exit?). Last lines of its stderr:\n{tail_lines(err_path)}") from None
+                            f"os._exit?). Last lines of its stderr:\n{tail_lines(err_path)}")
     report = ScanReport.from_dict(doc)
     if report.step_mode == "script":
         report.notes.append("the script ended before its first optimizer step or backward() call, so all of it "
@@ -80,6 +79,24 @@ def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any 
     elif report.steps < steps:
         report.notes.append(f"the script ended after {report.steps} of the {steps} steps asked for (--steps).")
     return report
+
+
+def _read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _found_before(doc: dict[str, Any] | None) -> str:
+    """The ops the scan had found before the script failed (an op that raises under deterministic mode may be
+    why it failed), as a sentence; empty when none."""
+    if not doc or not doc.get("findings"):
+        return ""
+    report = ScanReport.from_dict(doc)
+    found = "; ".join(f"{f.op} at {f.source()} (deterministic mode {f.deterministic_mode})" for f in report.findings)
+    return f" Before it failed, the scan had found these ops that are nondeterministic on {report.device}: {found}."
 
 
 def run(args: argparse.Namespace) -> int:
