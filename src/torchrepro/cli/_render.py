@@ -83,9 +83,43 @@ def _src(op: dict[str, Any] | None) -> str:
     return f"{op['op']} [{op.get('phase')}, module {op.get('module') or '-'}] at {where}"
 
 
+def render_compiled_locate(doc: dict[str, Any]) -> str:
+    """Text for --locate on torch.compile'd code (see :mod:`torchrepro.compilelocate`)."""
+    lines = ["", f"Locate: {doc['title']}"]
+    region, op, measured = doc.get("region"), doc.get("op"), doc.get("measured") or {}
+    if region:
+        where = f"{region.get('file')}:{region.get('line')}" if region.get("file") else "(call site unknown)"
+        path = region.get("module_path")
+        lines.append(f"  region  {region.get('target')} (module path {path!r}), compiled at {where}"
+                     + (f": {region['code']}" if region.get("code") else ""))
+        lines.append(f"          backend {region.get('backend')}, mode {region.get('mode') or 'default'}")
+    if op:
+        lowered = f" (lowered from {op['original_aten']})" if op.get("original_aten") not in (None, op["op"]) else ""
+        lines.append(f"  op      {op['op']}{lowered}, {op.get('phase')} graph, node {op.get('node')}")
+        lines.append(f"  module  {op.get('module') or '-'}")
+        where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
+        lines.append(f"  source  {where}")
+        if op.get("code"):
+            lines.append(f"          {op['code']}")
+    if measured:
+        eager = {True: "identical every time", False: "varies too",
+                 None: "not measured"}[doc.get("eager_deterministic")]
+        lines.append(f"  measured  compiled kernel: {measured.get('node_variants')} different results for identical "
+                     f"inputs; compiled graph: {measured.get('program_variants')}; eager: {eager}")
+    if doc.get("verdict") == "compiled-kernel" and doc.get("eager_deterministic"):
+        lines.append("  Verdict: compiled kernel - eager is deterministic here; the compiled kernel is not.")
+    lines.append(f"  Why: {doc['explanation']}")
+    lines.append(f"  Fix: {doc['fix']}")
+    if doc.get("op_table"):
+        lines.append(f"  Nodes around it: {doc['op_table']}")
+    return "\n".join(lines)
+
+
 def render_locate(doc: dict[str, Any]) -> str:
     """Text for the --locate section of check."""
     verdict = doc["verdict"]
+    if doc.get("compiled"):
+        return render_compiled_locate(doc)
     lines = ["", f"Locate: {doc['title']}"]
     if verdict in ("nothing-to-locate", "skipped"):
         return "\n".join(lines)

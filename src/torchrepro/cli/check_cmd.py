@@ -211,6 +211,8 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     if result.cause not in LOCATABLE:
         return {"verdict": "skipped", "title": f"not traced: the cause is {result.cause!r}, which --locate does "
                 "not need to trace (the summary above says what differs and what to do)"}
+    if result.compiled and result.compiled.get("in_compiled_code") is not False:  # the op tracer cannot see it
+        return run_compiled_locate(command, out, result, opts)
     first = int(result.first_step or 0)
     last = first + steps - 1
     # In optimizer mode the traced runs stop right after the traced steps (step 0 = construction: stop at 1).
@@ -226,6 +228,31 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     doc = loc.to_json()
     table = out / "locate_ops.txt"
     table.write_text(render_op_table(loc.context) + "\n")
+    doc["op_table"] = str(table)
+    atomic_write_json(out / "locate.json", doc)
+    return doc
+
+
+def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions) -> dict[str, Any]:
+    """Re-run twice capturing the graphs inductor compiled; measure them at the first divergent step (see
+    :mod:`torchrepro.compilelocate`)."""
+    from ..compiled import CAPTURE_ENV, DEFAULT_REPEATS, GRAPHS_FILE
+    from ..compilelocate import locate_compiled
+    from ._render import render_op_table
+
+    first = max(int(result.first_step or 1), 1)
+    stop_at = first if result.step_mode == "optimizer" else opts.max_steps
+    capture_opts = dataclasses.replace(opts, keep_values=False, max_steps=stop_at, extra_env={
+        **opts.extra_env, CAPTURE_ENV: json.dumps({"repeats": DEFAULT_REPEATS})})
+    print(f"torchrepro: --locate: the divergence lies in torch.compile'd code; capturing the graphs inductor "
+          f"compiled and measuring them at step {first} in two more runs", file=sys.stderr, flush=True)
+    dirs = execute_runs(command, out / "locate", 2, capture_opts)
+    docs = [json.loads((d / GRAPHS_FILE).read_text()) if (d / GRAPHS_FILE).exists() else {} for d in dirs]
+    device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
+    doc = locate_compiled(docs, step=first, device=device).to_json()
+    table = out / "locate_ops.txt"
+    table.write_text(render_op_table([{**r, "op_other_run": None, "phase": doc["op"] and doc["op"]["phase"]}
+                                      for r in doc["context"]]) + "\n")
     doc["op_table"] = str(table)
     atomic_write_json(out / "locate.json", doc)
     return doc
