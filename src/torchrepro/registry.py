@@ -126,7 +126,7 @@ _ROWS: list[tuple[tuple[str, ...], str, str, str, str, str | None]] = [
     (("aten.put_", "aten.put"), "cpu", f"accumulate=False {_DUP} (which write wins); {_VARIES}", "raises",
      "unique indices, or x.view(-1).index_put_((idx,), v) under deterministic mode", "no_accumulate"),
     (("aten.index_copy_", "aten.index_copy"), "cpu",
-     f"{_DUP} (PyTorch documents it; not observed to vary here)", "switches kernel", "unique indices", None),
+     f"{_DUP} (which write wins); {_VARIES}", "switches kernel", "unique indices", None),
     (("aten.max_unpool2d", "aten.max_unpool3d"), "cpu", f"{_DUP} (overlapping pooling windows)", "raises",
      "non-overlapping pooling (stride >= kernel_size)", None),
     # ---- CUDA: switches kernel under deterministic mode ----
