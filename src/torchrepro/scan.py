@@ -173,8 +173,11 @@ class ScanReport:
             lines = [f"torchrepro scan: FOUND {n} op{'s' if n != 1 else ''} that would be nondeterministic, raise or "
                      f"warn under deterministic mode on {self.device} ({len(self.findings)} place"
                      f"{'s' if len(self.findings) != 1 else ''}, {self.scope()}, {self.ops_seen} ATen ops)", ""]
-            rows = [[f.op, f.phase, f.module or "-", f.source(), str(f.count), f.deterministic_mode]
-                    for f in self.findings]
+            groups: dict[tuple[str, str, str, str], list[ScanFinding]] = {}
+            for f in self.findings:  # one row per op and source line; the modules that ran it are listed
+                groups.setdefault((f.op, f.phase, f.source(), f.deterministic_mode), []).append(f)
+            rows = [[op, phase, _modules_text([f.module for f in group]), source, str(sum(f.count for f in group)),
+                     mode] for (op, phase, source, mode), group in groups.items()]
             lines.append(render_table(["op", "phase", "module", "source", "count", "deterministic mode"], rows,
                                       right={4}))
             lines += ["", f"What and how to fix (on {self.device}):"]
@@ -192,6 +195,12 @@ class ScanReport:
         return "\n".join(lines)
 
     __str__ = render
+
+
+def _modules_text(modules: list[str], limit: int = 2) -> str:
+    """``conv1, layer1.0.conv1 (+18 more)``; ``-`` for ops outside any module."""
+    names = list(dict.fromkeys(m or "-" for m in modules))
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
 # --- the scanner -------------------------------------------------------------------------------------------
