@@ -11,9 +11,9 @@ LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed", "registry",
         "policy"},
-    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics"},
+    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics", "compiled"},
     3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance",
-        "rankcompare", "scan"},
+        "rankcompare", "scan", "compilelocate"},
     4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
