@@ -283,6 +283,7 @@ class Scanner:
         self._errors: dict[str, str] = {}
         self._stack: list[str] = []
         self._names: dict[int, str] = {}
+        self._lookups_left = 8  # modules created in forward (nn.ReLU()(x)) must not cost a gc scan each
         self._in_optimizer = 0
         self._handles: list[Any] = []
         self._modes: list[Any] = []
@@ -290,14 +291,14 @@ class Scanner:
     # --- where an op is -------------------------------------------------------------------------------
     def _module_name(self, mod: nn.Module) -> str:
         name = self._names.get(id(mod))
-        if name is None:  # not seen yet: look the models up again, once per new module
+        if name is None and self._lookups_left:  # not seen yet: look the models up again (a gc scan: rarely)
+            self._lookups_left -= 1
             models = self.models if self.models is not None else discover_models()
             for prefix, model in models.items():
                 for sub_name, sub in model.named_modules():
                     self._names.setdefault(id(sub), ".".join(x for x in (prefix, sub_name) if x)
                                            or type(sub).__name__)
-            name = self._names.setdefault(id(mod), type(mod).__name__)
-        return name
+        return self._names.setdefault(id(mod), type(mod).__name__) if name is None else name
 
     def _where(self) -> tuple[str, str, str | None, int | None]:
         """(phase, module, file, line) of the op being dispatched."""
