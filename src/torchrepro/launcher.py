@@ -26,8 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
 from ._io import atomic_write_json
 from .errors import Interrupted, ReproError
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
@@ -416,7 +414,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             "max_steps": opts.max_steps,
             "trace_steps": opts.trace_steps,
             "pythonhashseed": hash_seed(opts),
-            "torch": torch.__version__,
+            "torch": summary.get("torch") or _torch_version(),
             "started": started,
             "duration_s": round(ended - started, 3),
             **summary,
@@ -481,7 +479,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
         "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
-        "pythonhashseed": hash_seed(opts), "torch": torch.__version__, "started": started,
+        "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
         "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
     })
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
@@ -513,9 +511,21 @@ class _StepCounter:
         return self.steps or self.backwards
 
 
+def _torch_version() -> str | None:
+    """torch's version from its metadata (the parent does not import torch: the child reports its own)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 # --- the child side -----------------------------------------------------------------------------------
 def _set_tf32(on: bool) -> None:
     """TF32 in cuBLAS matmuls and cuDNN convolutions/RNNs (through ``fp32_precision`` where torch has it)."""
+    import torch
+
     conv = getattr(torch.backends.cudnn, "conv", None)
     if conv is not None and hasattr(conv, "fp32_precision"):
         precision = "tf32" if on else "ieee"
@@ -528,6 +538,8 @@ def _set_tf32(on: bool) -> None:
 
 
 def _set_cudnn_benchmark(on: bool) -> None:
+    import torch
+
     torch.backends.cudnn.benchmark = on
 
 
@@ -536,6 +548,8 @@ TORCH_FLAGS = {"cudnn_benchmark": _set_cudnn_benchmark, "tf32": _set_tf32}
 
 def peak_memory() -> dict[str, Any]:
     """This process's peak memory: CUDA ``max_memory_allocated`` (largest device) if CUDA was used, else peak RSS."""
+    import torch
+
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         peak = max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
         return {"kind": "cuda-max-allocated", "bytes": int(peak)}
@@ -643,6 +657,7 @@ def _child_main(argv: list[str]) -> int:
             if probe is not None:
                 summary["audit_probe"] = probe.facts()
             summary["peak_memory"] = peak_memory()
+            summary["torch"] = sys.modules["torch"].__version__
             summary["child_exit_code"], summary["child_ended"] = code, time.time()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
     sys.stdout.flush()

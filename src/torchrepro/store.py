@@ -21,12 +21,13 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import torch
+from typing import IO, TYPE_CHECKING, Any
 
 from ._io import atomic_write_json
 from .errors import RunDirError
+
+if TYPE_CHECKING:  # torch is imported where values are read: writing a manifest does not need it
+    import torch
 
 FORMAT = "torchrepro.run"
 VERSION = 1
@@ -117,6 +118,8 @@ class Run:
 
 def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A values file as ``{name: tensor}``, loaded without running pickled code; RunDirError if unusable."""
+    import torch
+
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
             warnings.simplefilter("ignore")

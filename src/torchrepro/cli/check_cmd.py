@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_write_json
-from ..compare import CheckResult, compare_runs
-from ..envdiff import EnvDiff, diff_runs, verdict_note
 from ..errors import EnvFileError, Interrupted, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command, ranks_command
-from ..locate import VERDICTS, locate_ops
-from ..optrace import read_ops
 from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
-from ..report import plot_check
 from ..store import OPS, Run, load_run
-from ._render import render, render_env_diff, render_locate, render_op_table
 from .run_cmd import add_launch_options, positive_int, runs_arg
+
+if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
+    from ..compare import CheckResult
+    from ..envdiff import EnvDiff
 
 STDERR_TAIL_LINES = 25
 
@@ -115,12 +115,39 @@ def _failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptErro
     return error
 
 
+# Imported in a background thread while the first run trains, so their import time (torch, matplotlib) is not
+# added to the check's wall time. A failure here is ignored: the same import in the main thread raises it later.
+_ANALYSIS_MODULES = ("torchrepro.compare", "torchrepro.envdiff", "torchrepro.report", "torchrepro.cli._render",
+                     "matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
+def _import_quietly(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: S112 - reported by the main thread's own import of the module
+            continue
+
+
+def prefetch_analysis() -> None:
+    """Start importing the analysis modules in a daemon thread (at most once per process)."""
+    global _prefetched
+    if not _prefetched:
+        _prefetched = True
+        threading.Thread(target=_import_quietly, args=(_ANALYSIS_MODULES,), name="torchrepro-prefetch",
+                         daemon=True).start()
+
+
+_prefetched = False
+
+
 def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions) -> list[Path]:
     """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run.
 
     ``out`` must already be checked (:func:`~torchrepro.outdir.check_check_dir`) and locked by the caller.
     """
     parse_python_command(command)  # validate before starting anything
+    prefetch_analysis()
     dirs = []
     with _Progress(n) as progress:
         for i in range(1, n + 1):
@@ -158,6 +185,8 @@ class EnvironmentDifferences:
         return self.diff.to_json() | {"compared": True, "note": self.note(verdict)}
 
     def note(self, verdict: str) -> str | None:
+        from ..envdiff import verdict_note
+
         return verdict_note(verdict, self.diff, locate_hint=self.locate_hint) if self.diff is not None else None
 
     def render(self, verdict: str) -> str | None:
@@ -165,6 +194,8 @@ class EnvironmentDifferences:
             return f"Environment: not compared ({self.problem})"
         if self.quiet_if_same and not self.diff.changes:
             return None
+        from ._render import render_env_diff
+
         text = render_env_diff(self.diff)
         note = self.note(verdict)
         return text + (f"\nNote:  {note}" if note else "")
@@ -172,6 +203,8 @@ class EnvironmentDifferences:
 
 def environment_differences(runs: list[Run], *, quiet_if_same: bool = False) -> EnvironmentDifferences:
     """Run 1's environment and launch options against the others'; a run without a readable one is named."""
+    from ..envdiff import diff_runs
+
     try:
         return EnvironmentDifferences(diff_runs(runs), quiet_if_same=quiet_if_same)
     except EnvFileError as exc:
@@ -181,6 +214,9 @@ def environment_differences(runs: list[Run], *, quiet_if_same: bool = False) -> 
 def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
            located: dict[str, Any] | None = None, environment: EnvironmentDifferences | None = None) -> int:
     """Plot, write check.json, print the summary or JSON; return the exit code (0 identical, 1 diverged)."""
+    from ..report import plot_check
+    from ._render import render, render_locate
+
     plot = plot_check(result, out / "check.png")
     doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
                               "exit_code": 0 if result.verdict == "identical" else 1}
@@ -206,6 +242,10 @@ LOCATABLE = ("compute", "initial-weights")
 
 def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions, steps: int) -> dict[str, Any]:
     """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams."""
+    from ..locate import VERDICTS, locate_ops
+    from ..optrace import read_ops
+    from ._render import render_op_table
+
     if result.verdict == "identical":
         return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
     if result.cause not in LOCATABLE:
@@ -279,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
                          keep_values=True, values_budget=args.values_budget)
     with lock_dir(out):
         dirs = execute_runs(command, out, args.runs, opts)
+        from ..compare import compare_runs
+
         runs = [load_run(d) for d in dirs]
         result = compare_runs(runs)
         located = run_locate(command, out, result, opts, args.locate_steps) if args.locate else None

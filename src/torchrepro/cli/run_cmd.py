@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..launcher import CommandError, LaunchOptions, launch, ranks_command
-from ..seeding import validate_seed
+from .._seeds import validate_seed
 
 
 def seed_arg(text: str) -> int:
