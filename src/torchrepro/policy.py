@@ -263,7 +263,8 @@ class DeterminismPolicy:
     gets its action: ``"error"`` raises :class:`~torchrepro.NondeterministicOpError` naming op, rule, module and
     line; ``"warn"`` warns (``ReproWarning``) and runs the op's nondeterministic kernel; ``"allow"`` runs it.
     An op whose kernel deterministic mode switches ("switches kernel") keeps the deterministic kernel unless its
-    action is ``"allow"``. Every decision is kept in ``decisions`` (one entry per op, action and line).
+    action is ``"allow"``. Every decision is kept in ``decisions`` (one entry per op, action, line and module,
+    with a count).
 
     >>> import torch, torchrepro
     >>> with torchrepro.DeterminismPolicy(tier="edge") as p:
@@ -290,7 +291,7 @@ class DeterminismPolicy:
                                  "glob such as 'aten.put_' or 'aten.grid_sampler_2d_backward*'.")
             self.rules[pattern] = _check_action(action, f"DeterminismPolicy rule {pattern!r}")
         self.decisions: list[Decision] = []
-        self._index: dict[tuple[str, str, str], Decision] = {}
+        self._index: dict[tuple[str, str, str, str], Decision] = {}
         self._entries: list[tuple[deterministic, _PolicyMode]] = []
 
     # -- rules --
@@ -304,12 +305,13 @@ class DeterminismPolicy:
                 return action, pattern
         return self.default, (f"tier {self.tier}" if self.tier else "default")
 
-    def _decide(self, op: str, device: str, why: str, alternative: str = "") -> str:
+    def _decide(self, op: str, device: str, why: str, alternative: str = "",
+                cause: BaseException | None = None) -> str:
         action, rule = self.action_for(op)
         line, module = user_line(), module_path()
         node = torch._C._current_autograd_node()
         node_name = node.name() if node is not None else ""
-        key = (op, action, line)
+        key = (op, action, line, module)
         with _FLAGS_LOCK:
             found = self._index.get(key)
             if found is not None:
@@ -324,7 +326,7 @@ class DeterminismPolicy:
                 f"{op} on {device} is nondeterministic ({why}) {where}, and rule {rule!r} says 'error'. "
                 f"Allow it with DeterminismPolicy({{{op!r}: 'allow'}}) or 'warn'"
                 + (f", or use {alternative}." if alternative else "."),
-                op=op, rule=rule, line=line, module=module)
+                op=op, rule=rule, line=line, module=module) from cause
         if action == "warn":
             warnings.warn(f"{op} on {device} is nondeterministic ({why}) {where}; rule {rule!r} says 'warn', "
                           "so its nondeterministic kernel runs.", ReproWarning, stacklevel=2)
@@ -403,7 +405,7 @@ class _PolicyMode(TorchDispatchMode):
         except RuntimeError as exc:
             if ALERT_TEXT not in str(exc):
                 raise
-            self.policy._decide(name, device, "PyTorch's deterministic-mode alert")  # raises for "error"
+            self.policy._decide(name, device, "PyTorch's deterministic-mode alert", cause=exc)  # raises for "error"
         return self._run(func, args, kwargs, (False, False))
 
     @staticmethod
