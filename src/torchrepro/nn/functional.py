@@ -173,11 +173,16 @@ def _put_rows(inp: torch.Tensor, indices: Sequence[torch.Tensor]) -> tuple[torch
         raise ReproError(f"index_put: expected 1 to {inp.dim()} index tensors for a {inp.dim()}-D input, "
                          f"got {len(expanded)}")
     expanded = list(torch.broadcast_tensors(*expanded))
-    flat = torch.zeros_like(expanded[0])
+    flat: torch.Tensor | None = None
     for size, idx in zip(inp.shape, expanded):
-        if idx.numel() and (int(idx.min()) < -size or int(idx.max()) >= size):
-            raise IndexError(f"index_put: index out of range for a dimension of size {size}")
-        flat = flat * size + torch.where(idx < 0, idx + size, idx)
+        low, high = (int(v) for v in torch.aminmax(idx)) if idx.numel() else (0, 0)
+        if low < -size or high >= size:
+            raise IndexError(f"index_put: index out of range for a dimension of size {size}: got values in "
+                             f"[{low}, {high}]")
+        if low < 0:
+            idx = torch.where(idx < 0, idx + size, idx)
+        flat = idx if flat is None else flat * size + idx
+    assert flat is not None
     return flat.reshape(-1), expanded[0].shape, len(expanded)
 
 
@@ -263,9 +268,10 @@ def _histc_edges(input: torch.Tensor, min: float, max: float) -> tuple[float, fl
 
 
 def histc(input: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
-    """Deterministic ``torch.histc``: the same bins as PyTorch's CPU kernel, counted with integers (exact).
+    """Deterministic ``torch.histc``: PyTorch's bins, with counts that are exact, hence independent of order.
 
-    PyTorch's CUDA kernel adds 1.0 per element with float atomics; here counts are int64, converted at the end.
+    Up to 2**24 values (float32; 2**53 for float64) every count is an exact sum of ones, so PyTorch's kernel is
+    used as is; above, counts are taken in int64 and converted once (PyTorch's float counts stop at 2**24).
 
     >>> histc(torch.tensor([0.0, 0.5, 1.0, 2.0]), bins=2, min=0, max=1).tolist()
     [1.0, 2.0]
@@ -275,11 +281,19 @@ def histc(input: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) 
     if bins <= 0:
         raise ReproError(f"histc: bins must be > 0, got {bins}")
     left, right = _histc_edges(input, min, max)
+    if input.numel() <= int(2 / torch.finfo(input.dtype).eps):  # 2**24 for float32
+        # No bin can pass 2**(mantissa bits): each +1.0 is exact, so any order of additions gives the same bits.
+        return torch.histc(input, bins, left, right)
+    return _histc_counted(input, bins, left, right)
+
+
+def _histc_counted(input: torch.Tensor, bins: int, left: float, right: float) -> torch.Tensor:
+    """histc with int64 counts (exact for any size), the bin of each value computed as PyTorch's CPU kernel does."""
     x = input.reshape(-1)
     lo = torch.tensor(left, dtype=input.dtype, device=input.device)
     hi = torch.tensor(right, dtype=input.dtype, device=input.device)
-    pos = ((x - lo) * bins / (hi - lo)).to(torch.int64).clamp_(0, bins - 1)  # x == max goes to the last bin
-    pos = torch.where((x >= lo) & (x <= hi), pos, bins)  # outside the range (and NaN): a bin cut off below
+    pos = torch.sub(x, lo).mul_(bins).div_(hi - lo).to(torch.int64).clamp_(0, bins - 1)  # max: the last bin
+    pos.masked_fill_(~((x >= lo) & (x <= hi)), bins)  # outside the range (and NaN): a bin cut off below
     return torch.bincount(pos, minlength=bins + 1)[:bins].to(input.dtype)
 
 

@@ -1,0 +1,102 @@
+"""Each deterministic alternative in torchrepro.nn against the PyTorch op it replaces, side by side (CPU).
+
+Target: at most 2x the PyTorch op's time. Variants run in interleaved rounds (medians), same inputs, same
+process, torch's default thread count. Forward only for the reductions PyTorch does not differentiate (bincount,
+histc) and for scatter/index ops; forward+backward for embedding_bag, ConvTranspose2d and a row-wise index_add
+(where the backward is what the alternative changes).
+Run: python benchmarks/bench_nn_alternatives.py [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import interleaved  # noqa: E402
+
+import torchrepro.nn as rnn  # noqa: E402
+import torchrepro.nn.functional as RF  # noqa: E402
+
+TARGET = 2.0
+
+
+def _backward(fn: Callable[[], torch.Tensor], grad: torch.Tensor, *leaves: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        for leaf in leaves:
+            leaf.grad = None
+        fn().backward(grad)
+
+    return step
+
+
+def cases(scale: int) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """name -> (PyTorch op, alternative)."""
+    g = torch.Generator().manual_seed(0)
+    n, bins = 1_000_000 // scale, 10_000 // scale
+    idx = torch.randint(0, bins, (n,), generator=g)
+    vals = torch.randn(n, generator=g)
+    zeros = torch.zeros(bins)
+    out: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        f"index_add 1-D ({n} -> {bins})": (lambda: torch.index_add(zeros, 0, idx, vals),
+                                           lambda: RF.index_add(zeros, 0, idx, vals)),
+        f"scatter_add 1-D ({n} -> {bins})": (lambda: torch.scatter_add(zeros, 0, idx, vals),
+                                             lambda: RF.scatter_add(zeros, 0, idx, vals)),
+        f"index_put accumulate ({n} -> {bins})": (lambda: torch.index_put(zeros, (idx,), vals, accumulate=True),
+                                                  lambda: RF.index_put(zeros, (idx,), vals)),
+        f"bincount weighted ({n} -> {bins})": (lambda: torch.bincount(idx, vals, minlength=bins),
+                                               lambda: RF.bincount(idx, vals, minlength=bins)),
+        f"histc ({n} values, 100 bins)": (lambda: torch.histc(vals, 100, -3, 3), lambda: RF.histc(vals, 100, -3, 3)),
+    }
+    rows, width = 100_000 // scale, 64
+    table = torch.zeros(bins, width, requires_grad=True)
+    src = torch.randn(rows, width, generator=g, requires_grad=True)
+    ridx = torch.randint(0, bins, (rows,), generator=g)
+    rgrad = torch.randn(bins, width, generator=g)
+    out[f"index_add rows fwd+bwd ({rows}x{width} -> {bins})"] = (
+        _backward(lambda: torch.index_add(table, 0, ridx, src), rgrad, table, src),
+        _backward(lambda: RF.index_add(table, 0, ridx, src), rgrad, table, src))
+
+    weight = torch.randn(10_000 // scale, width, generator=g, requires_grad=True)
+    lookups = torch.randint(0, weight.shape[0], (rows,), generator=g)
+    offsets = torch.arange(0, rows, 10)
+    bgrad = torch.randn(offsets.numel(), width, generator=g)
+    out[f"embedding_bag sum fwd+bwd ({rows} lookups)"] = (
+        _backward(lambda: torch.nn.functional.embedding_bag(lookups, weight, offsets, mode="sum"), bgrad, weight),
+        _backward(lambda: RF.embedding_bag(lookups, weight, offsets, mode="sum"), bgrad, weight))
+
+    batch = max(16 // scale, 1)
+    x = torch.randn(batch, 64, 32, 32, generator=g, requires_grad=True)
+    ref = torch.nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1)
+    mods = {c: rnn.ConvTranspose2d(64, 32, 4, stride=2, padding=1, construction=c) for c in ("native", "zero_insertion")}
+    for mod in mods.values():
+        mod.load_state_dict(ref.state_dict())
+    cgrad = torch.randn(batch, 32, 64, 64, generator=g)
+    for construction, mod in mods.items():
+        out[f"ConvTranspose2d fwd+bwd {construction} ({batch}x64x32x32, k4 s2)"] = (
+            _backward(lambda: ref(x), cgrad, x, *ref.parameters()),
+            _backward(lambda m=mod: m(x), cgrad, x, *mod.parameters()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratio = alternative / PyTorch op "
+          f"(target <= {TARGET}x)")
+    worst = 0.0
+    for name, (theirs, ours) in cases(10 if quick else 1).items():
+        t = interleaved({"torch": theirs, "torchrepro": ours}, rounds=3 if quick else 11, inner=1 if quick else 3)
+        ratio = t["torchrepro"] / t["torch"]
+        worst = max(worst, ratio)
+        flag = "" if ratio <= TARGET else "  ABOVE TARGET"
+        print(f"{name:58s} torch {t['torch'] * 1e3:8.2f} ms  torchrepro {t['torchrepro'] * 1e3:8.2f} ms  "
+              f"ratio {ratio:5.2f}x{flag}")
+    print(f"worst ratio {worst:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
