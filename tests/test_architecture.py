@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed", "registry",
-        "policy"},
+        "policy", "nn"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics", "compiled"},
     3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance",
         "rankcompare", "scan", "compilelocate"},
