@@ -72,6 +72,19 @@ def _many():
 MANY = _many()
 
 
+def varies(call) -> bool:
+    """Two different results within RUNS runs with 2 threads, else with 4 (on a loaded machine the two threads
+    sometimes run one after the other, which hides the race)."""
+    try:
+        for threads in (2, 4):
+            torch.set_num_threads(threads)
+            if distinct(call, RUNS, stop_at=2) == 2:
+                return True
+        return False
+    finally:
+        torch.set_num_threads(2)
+
+
 def distinct(call, runs: int, stop_at: int | None = None) -> int:
     seen: set[bytes] = set()
     for _ in range(runs):
@@ -220,7 +233,7 @@ def test_allow_runs_the_nondeterministic_kernel_of_a_kernel_switching_op():
     with DeterminismPolicy():
         assert distinct(call, 5) == 1  # deterministic mode picks the sorted kernel
     with DeterminismPolicy({"aten.index_put_": "allow"}) as p:
-        assert distinct(call, RUNS, stop_at=2) == 2
+        assert varies(call)
     assert p.decisions[0].why.startswith("accumulate=True with duplicate indices")
 
 
@@ -380,7 +393,7 @@ def test_strict_backward_switches_kernels_for_a_builtin_backward_op():
             return x.grad
         return call
 
-    assert distinct(grad_of(gather), RUNS, stop_at=2) == 2
+    assert varies(grad_of(gather))
     assert distinct(grad_of(mark_deterministic(gather, level="strict")), 5) == 1
     assert flags() == (False, False)
 

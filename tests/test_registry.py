@@ -117,6 +117,16 @@ def _distinct(call: Callable[[], torch.Tensor], runs: int, *, stop_at: int | Non
     return len(seen)
 
 
+def _varies(call: Callable[[], torch.Tensor]) -> bool:
+    """Two different results within RUNS runs with 2 threads, else with 4. A few runs suffice on an idle machine;
+    on a loaded one the two threads sometimes run one after the other, which hides the race."""
+    for threads in (2, 4):
+        torch.set_num_threads(threads)
+        if _distinct(call, RUNS, stop_at=2) == 2:
+            return True
+    return False
+
+
 def _id(e: OpEntry) -> str:
     return f"{e.op}[{e.condition}]"
 
@@ -136,9 +146,9 @@ def test_cpu_entry_claim_is_observed(entry: OpEntry):
 
     torch.use_deterministic_algorithms(False)
     if VARIES in entry.when:
-        # Few runs suffice on an idle machine; under load the two threads often run one after the other.
-        assert _distinct(call, RUNS, stop_at=2) == 2, f"{entry.op}: claimed to vary, but {RUNS} runs gave one result"
+        assert _varies(call), f"{entry.op}: claimed to vary, but {RUNS} runs with 2 and with 4 threads gave one result"
 
+    torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     if entry.deterministic_mode == "raises":
         with pytest.raises(RuntimeError, match=ALERT):
@@ -151,7 +161,7 @@ def test_cpu_entry_claim_is_observed(entry: OpEntry):
             call()
     else:  # "nothing": deterministic mode does not help
         assert entry.deterministic_mode == "nothing"
-        assert _distinct(call, RUNS, stop_at=2) == 2
+        assert _varies(call)
 
 
 def test_every_example_belongs_to_a_cpu_row():
