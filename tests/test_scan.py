@@ -75,11 +75,11 @@ def test_json_document_and_steps_option(capsys):
     assert by_op["aten.convolution_backward"]["module"] == "conv"  # the backward of self.conv, not of Net
 
 
-def test_a_clean_script_exits_0(capsys):
-    rc, out, _ = scan(capsys, command=[str(SCRIPTS / "scan_clean.py")])
+def test_a_clean_script_exits_0_and_a_short_one_gets_a_note(capsys):
+    rc, out, _ = scan(capsys, "--steps", "5", command=[str(SCRIPTS / "scan_clean.py")])  # it makes 3 steps
     assert rc == 0
-    assert out.startswith("torchrepro scan: CLEAN - no op in 1 optimizer step (")
-    assert "on cuda" in out
+    assert out.startswith("torchrepro scan: CLEAN - no op in 3 optimizer steps (")
+    assert "on cuda" in out and "Note: the script ended after 3 of the 5 steps asked for (--steps)." in out
 
 
 def test_device_cpu_lists_index_put_accumulate_in_a_script_without_optimizer(capsys):

@@ -159,8 +159,7 @@ class ScanReport:
     def scope(self) -> str:
         unit = {"optimizer": "optimizer step", "backward": "backward() call"}.get(self.step_mode)
         if unit is None:
-            return ("the whole script (it ended before its first optimizer step or backward())"
-                    if self.step_mode == "script" else "one training step")
+            return "the whole script" if self.step_mode == "script" else "one training step"
         return f"{self.steps} {unit}{'s' if self.steps != 1 else ''}"
 
     def render(self) -> str:
