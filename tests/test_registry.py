@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,6 +225,19 @@ def test_alternatives_that_name_torchrepro_exist():
         assert hasattr(importlib.import_module(module), attr), name
 
 
+def test_every_cuda_row_has_an_example_in_the_gpu_check_that_calls_its_op():
+    """tools/verify_cuda_registry.py checks CUDA rows on a GPU; here its examples run once on CPU and must dispatch
+    each row's op with the row's condition (what the op does on CUDA is for the GPU run to observe)."""
+    path = Path(__file__).resolve().parent.parent / "tools" / "verify_cuda_registry.py"
+    spec = importlib.util.spec_from_file_location("verify_cuda_registry", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.smoke("cpu") == []
+    assert set(tool.EXAMPLES) == {(e.op, e.condition) for e in nondeterministic_ops("cuda")}
+    if not torch.cuda.is_available():
+        assert tool.main([]) == 0  # no GPU: a message, exit 0
+
+
 def test_issue_ops_are_listed_for_cuda():
     cuda = {e.op for e in nondeterministic_ops("cuda")}
     for op in ("index_add_", "scatter_add_", "index_put_", "upsample_bilinear2d_backward",
@@ -262,8 +277,8 @@ MATCHES = [  # (op as given, args, kwargs, device, expected (deterministic_mode,
     ("aten.scatter_.src", (x, 0, i1, v1), {}, "cuda", ("switches kernel", "src_tensor")),
     ("aten.convolution_backward", (None,) * 7 + (True,), {}, "cuda", ("switches kernel", "transposed")),
     ("aten.convolution_backward", (None,) * 7 + (False,), {}, "cuda", ("switches kernel", "not_transposed")),
-    ("aten._embedding_bag_dense_backward", (None,) * 7 + (2,), {}, "cuda", ("raises", "mode_max")),
-    ("aten._embedding_bag_dense_backward", (None,) * 7 + (0,), {}, "cuda", None),
+    ("aten._embedding_bag_backward", (None,) * 8 + (2,), {}, "cuda", ("raises", "mode_max")),
+    ("aten._embedding_bag_backward", (None,) * 8 + (0,), {}, "cuda", None),
     ("aten.grid_sampler_2d_backward.default", (), {}, "cuda", ("raises", None)),
     ("aten.grid_sampler_2d_backward", (), {}, "cpu", None),
 ]

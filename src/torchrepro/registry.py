@@ -160,7 +160,7 @@ _ROWS: list[tuple[tuple[str, ...], str, str, str, str, str | None]] = [
      "backward only (F.interpolate linear/bilinear/bicubic/trilinear)", "raises", _NEAREST, None),
     (("aten.grid_sampler_2d_backward", "aten.grid_sampler_3d_backward"), "cuda", "backward only", "raises", "",
      None),
-    (("aten._embedding_bag_backward", "aten._embedding_bag_dense_backward"), "cuda",
+    (("aten._embedding_bag_backward",), "cuda",
      "backward of EmbeddingBag with mode='max'", "raises", "EmbeddingBag mode='sum' (torchrepro.nn.EmbeddingBag)",
      "mode_max"),
     (("aten.bincount",), "cuda", "with weights (atomicAdd)", "raises", _F + "bincount", "weights"),
