@@ -67,7 +67,8 @@ ALGORITHM_TORCH = "splitmix64-sum-128/1"
 LEGACY_ALGORITHM = "fold63-splitmix64/0"  # runs whose manifest names no algorithm
 CHUNK = 1 << 20  # bytes per XXH3 chunk (part of the algorithm)
 TORCH_SLICE_WORDS = 1 << 22  # words per slice on the torch path (bounds temporary memory; not in the digest)
-_PARALLEL_MIN_CHUNKS = 4  # tensors of fewer chunks are hashed in the calling thread
+_PARALLEL_MIN_CHUNKS = 16  # tensors of fewer chunks (16 MiB) are hashed in the calling thread: a hand-off to
+# another thread costs more than hashing a few MiB (measured in the op tracer, where most tensors are small)
 _BYTES = 8
 
 # splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
