@@ -135,7 +135,7 @@ _ROWS: list[tuple[tuple[str, ...], str, str, str, str, str | None]] = [
     (("aten.scatter_add_", "aten.scatter_add"), "cuda", f"{_DUP} (atomicAdd; also the backward of gather)",
      "switches kernel", _F + "scatter_add", None),
     (("aten.scatter_reduce_", "aten.scatter_reduce"), "cuda", f"reduce='sum' or 'mean' {_DUP}",
-     "switches kernel", _F + "scatter_add", "reduce_sum_mean"),
+     "switches kernel", _F + "scatter_add (for 'mean', divide by the counts)", "reduce_sum_mean"),
     (("aten.scatter_", "aten.scatter"), "cuda", f"src is a tensor, {_DUP} (which write wins)",
      "switches kernel", "unique indices", "src_tensor"),
     (("aten.index_put_", "aten.index_put", "aten._index_put_impl_"), "cuda",
