@@ -5,6 +5,7 @@ process, torch's default thread count. Forward only for the reductions PyTorch d
 histc) and for scatter/index ops; forward+backward for embedding_bag, ConvTranspose2d and a row-wise index_add
 (where the backward is what the alternative changes).
 Run: python benchmarks/bench_nn_alternatives.py [--quick]
+On a GPU: python benchmarks/bench_nn_alternatives.py --device cuda  (distinct results over 10 calls, no timing)
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def cases(scale: int) -> dict[str, tuple[Callable[[], object], Callable[[], obje
         _backward(lambda: torch.index_add(table, 0, ridx, src), rgrad, table, src),
         _backward(lambda: RF.index_add(table, 0, ridx, src), rgrad, table, src))
 
+    out[f"index_select rows fwd+bwd ({bins}x{width}, {rows} picks)"] = (
+        _backward(lambda: torch.index_select(table, 0, ridx), src.detach(), table),
+        _backward(lambda: RF.index_select(table, 0, ridx), src.detach(), table))
     weight = torch.randn(10_000 // scale, width, generator=g, requires_grad=True)
     lookups = torch.randint(0, weight.shape[0], (rows,), generator=g)
     offsets = torch.arange(0, rows, 10)
@@ -83,8 +87,57 @@ def cases(scale: int) -> dict[str, tuple[Callable[[], object], Callable[[], obje
     return out
 
 
+def _digest(value: object) -> bytes:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return b"".join(_digest(t) for t in value)  # type: ignore[union-attr]
+
+
+def determinism(device: str, repeats: int = 10) -> None:
+    """Distinct results over ``repeats`` calls (fresh allocations) of each PyTorch op and its alternative.
+
+    Meant for a GPU (``--device cuda``), where PyTorch's kernels add with atomics; needs no global flag.
+    """
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 1000, (1_000_000,), generator=g).to(dev)
+    vals = torch.randn(1_000_000, generator=g).to(dev)
+    rows, ridx = torch.randn(100_000, 64, generator=g).to(dev), torch.randint(0, 1000, (100_000,), generator=g).to(dev)
+    z1, z2 = torch.zeros(1000, device=dev), torch.zeros(1000, 64, device=dev)
+    weight = torch.randn(1000, 64, generator=g).to(dev).requires_grad_(True)
+    offsets = torch.arange(0, 100_000, 10, device=dev)
+    x = torch.randn(16, 64, 32, 32, generator=g).to(dev).requires_grad_(True)
+    ref = torch.nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1).to(dev)
+    ours = rnn.ConvTranspose2d(64, 32, 4, stride=2, padding=1).to(dev)
+    ours.load_state_dict(ref.state_dict())
+
+    def grads(out: torch.Tensor, *leaves: torch.Tensor) -> list[torch.Tensor]:
+        return [out, *torch.autograd.grad(out, leaves, torch.ones_like(out))]
+
+    tf = torch.nn.functional
+    pairs = {
+        "index_add": (lambda: torch.index_add(z2, 0, ridx, rows), lambda: RF.index_add(z2, 0, ridx, rows)),
+        "scatter_add": (lambda: torch.scatter_add(z1, 0, idx, vals), lambda: RF.scatter_add(z1, 0, idx, vals)),
+        "index_put": (lambda: torch.index_put(z1, (idx,), vals, accumulate=True),
+                      lambda: RF.index_put(z1, (idx,), vals)),
+        "bincount": (lambda: torch.bincount(idx, vals), lambda: RF.bincount(idx, vals)),
+        "histc": (lambda: torch.histc(vals, 1000, -3, 3), lambda: RF.histc(vals, 1000, -3, 3)),
+        "embedding_bag (grad)": (lambda: grads(tf.embedding_bag(ridx, weight, offsets), weight),
+                                 lambda: grads(RF.embedding_bag(ridx, weight, offsets), weight)),
+        "ConvTranspose2d (grads)": (lambda: grads(ref(x), x, ref.weight), lambda: grads(ours(x), x, ours.weight)),
+    }
+    print(f"distinct results over {repeats} calls on {dev} (torch / torchrepro):")
+    for name, (theirs, mine) in pairs.items():
+        counts = [len({_digest(fn()) for _ in range(repeats)}) for fn in (theirs, mine)]
+        print(f"  {name:26s} {counts[0]:2d} / {counts[1]:2d}{'' if counts[1] == 1 else '  NOT DETERMINISTIC'}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    if "--device" in args:
+        determinism(args[args.index("--device") + 1])
+        return 0
+    quick = "--quick" in args
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ratio = alternative / PyTorch op "
           f"(target <= {TARGET}x)")
     worst = 0.0

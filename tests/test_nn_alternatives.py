@@ -49,6 +49,9 @@ def _cases(dtype: torch.dtype) -> dict[str, tuple[Callable, Callable, list[torch
                       lambda a, b: F.index_add(a, 1, idx, b, alpha=2), [randn(50, 7, 3), randn(50, 400, 3)]),
         "scatter_add": (lambda a, b: torch.scatter_add(a, 1, sidx, b), lambda a, b: F.scatter_add(a, 1, sidx, b),
                         [randn(20, 30), randn(20, 100)]),
+        "index_select": (lambda a: torch.index_select(a, 1, idx), lambda a: F.index_select(a, 1, idx),
+                         [randn(50, 7, 3)]),
+        "gather": (lambda a: torch.gather(a, 1, sidx), lambda a: F.gather(a, 1, sidx), [randn(20, 30)]),
         "index_put": (lambda a, b: torch.index_put(a, (rows, cols), b, accumulate=True),
                       lambda a, b: F.index_put(a, (rows, cols), b), [randn(10, 8, 4), randn(300, 4)]),
         "index_put_broadcast": (lambda a, b: torch.index_put(a, (rows,), b, accumulate=True),
@@ -88,7 +91,8 @@ def test_matches_pytorch_forward_and_gradients(name, dtype):
         torch.testing.assert_close(o, e, **TOLERANCE[dtype])
 
 
-@pytest.mark.parametrize("name", ["index_add", "scatter_add", "index_put", "bincount", "conv_transpose2d"])
+@pytest.mark.parametrize("name", ["index_add", "scatter_add", "index_put", "bincount", "conv_transpose2d",
+                                  "index_select", "gather"])
 def test_bitwise_equal_to_pytorch_cpu_where_its_kernel_is_serial(name):
     """On CPU the alternative adds in the order PyTorch's serial kernels do: same bits, not just close."""
     theirs, ours, inputs = _cases(torch.float64)[name]
@@ -270,6 +274,7 @@ cases = {
     "index_put": lambda: fwd_bwd(lambda a, s: F.index_put(a, (row_idx,), s), table, rows),
     "bincount": lambda: fwd_bwd(lambda s: F.bincount(idx, s, minlength=1000), vals),
     "embedding_bag": lambda: fwd_bwd(lambda e, p: F.embedding_bag(row_idx, e, offsets, "sum", p), weight, psw),
+    "index_select": lambda: fwd_bwd(lambda e: F.index_select(e, 0, row_idx), weight),
 }
 extra = {
     "index_put 1-D": lambda: digest(F.index_put(torch.zeros(1000), (big_idx,), big_vals)),

@@ -1,7 +1,8 @@
 """Deterministic replacements for PyTorch ops and modules whose results vary from run to run.
 
 ``torchrepro.nn.functional`` holds the functions (``index_add``, ``scatter_add``, ``index_put``, ``bincount``,
-``histc``, ``embedding_bag``, ``conv_transpose2d``); this package holds the drop-in modules. None of them
+``histc``, ``embedding_bag``, ``conv_transpose2d``, and ``index_select``/``gather`` with a deterministic
+backward); this package holds the drop-in modules ``ConvTranspose2d`` and ``EmbeddingBag``. None of them
 needs ``torch.use_deterministic_algorithms``. See docs/nn.md.
 
 >>> import torch

@@ -31,9 +31,11 @@ __all__ = [
     "bincount",
     "conv_transpose2d",
     "embedding_bag",
+    "gather",
     "histc",
     "index_add",
     "index_put",
+    "index_select",
     "scatter_add",
 ]
 
@@ -225,6 +227,57 @@ def index_put(input: torch.Tensor, indices: Sequence[torch.Tensor], values: torc
         indices = (indices,)
     flat, bshape, lead = _put_rows(input, tuple(indices))
     return _IndexPut.apply(input, flat, lead, bshape, values.to(input.dtype))
+
+
+# ----------------------------------------------------------------------- gathers with a deterministic backward
+
+
+class _IndexSelect(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor):
+        ctx.dim, ctx.shape = dim, inp.shape
+        ctx.save_for_backward(index)
+        return torch.index_select(inp, dim, index)  # a gather: deterministic everywhere
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return _index_add_value(grad.new_zeros(ctx.shape), ctx.dim, index, grad, 1), None, None
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor):
+        ctx.dim, ctx.shape = dim, inp.shape
+        ctx.save_for_backward(index)
+        return torch.gather(inp, dim, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        return _scatter_add_value(grad.new_zeros(ctx.shape), ctx.dim, index, grad), None, None
+
+
+def index_select(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``torch.index_select`` whose backward (an index_add: atomics on CUDA) sums in index order.
+
+    >>> index_select(torch.arange(4.0), 0, torch.tensor([3, 3, 0])).tolist()
+    [3.0, 3.0, 0.0]
+    """
+    _check_index(index, "index_select")
+    return _IndexSelect.apply(input, dim % max(input.dim(), 1), index.reshape(-1).to(torch.int64))
+
+
+def gather(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``torch.gather`` whose backward (a scatter_add: atomics on CUDA) sums in index order.
+
+    >>> gather(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 1, torch.tensor([[1, 1], [0, 1]])).tolist()
+    [[2.0, 2.0], [3.0, 4.0]]
+    """
+    _check_index(index, "gather")
+    return _Gather.apply(input, dim % max(input.dim(), 1), index.to(torch.int64))
 
 
 # ------------------------------------------------------------------------------------------ bincount, histc
