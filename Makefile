@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_lint.py
 	$(BIN)/python benchmarks/bench_consistency.py
 	$(BIN)/python benchmarks/bench_measure.py
+	$(BIN)/python benchmarks/bench_nn_alternatives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out
