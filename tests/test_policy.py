@@ -219,9 +219,23 @@ def test_backward_ops_are_decided_too():
     for rules, n in [({}, 0), ({"aten.put": "allow"}, 1)]:
         x = torch.zeros(1000, requires_grad=True)
         with DeterminismPolicy(rules) as p:
-            torch.take(x, idx).backward(vals)  # backward-line
+            y = torch.take(x, idx)  # forward-line
+            y.backward(vals)
         assert [(d.op, d.action, d.node, d.line) for d in p.decisions] == \
-            [("aten.put", "allow", "TakeBackward0", line_of("backward-line"))] * n
+            [("aten.put", "allow", "TakeBackward0", line_of("forward-line"))] * n
+
+
+class Take(nn.Module):
+    def forward(self, x):
+        return torch.take(x, torch.tensor([0, 0, 1]))  # take-in-module
+
+
+def test_backward_decision_names_the_forward_module_and_line():
+    net = nn.Sequential(nn.Identity(), Take())
+    with DeterminismPolicy({"aten.put": "allow"}) as p:
+        net(torch.zeros(4, requires_grad=True)).sum().backward()
+    assert [(d.op, d.module, d.line, d.node) for d in p.decisions] == [
+        ("aten.put", "Sequential.1", line_of("take-in-module"), "TakeBackward0")]
 
 
 def test_allow_runs_the_nondeterministic_kernel_of_a_kernel_switching_op():

@@ -24,11 +24,12 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -218,8 +219,8 @@ class Decision:
     """One decision a policy took: ``op`` on ``device`` at ``line`` inside ``module`` got ``action`` by ``rule``.
 
     ``why`` says what makes the op nondeterministic (the registry's "when" text, or "PyTorch's deterministic-mode
-    alert" for an op the registry does not list); ``node`` is the autograd node for backward ops (``line`` is
-    then the user's line running it, e.g. the ``backward()`` call); ``count`` how often it ran at this line.
+    alert" for an op the registry does not list); ``node`` is the autograd node for backward ops, whose ``line``
+    and ``module`` are those of the forward call that created the node; ``count`` how often it ran there.
     """
 
     op: str
@@ -311,6 +312,8 @@ class DeterminismPolicy:
         line, module = user_line(), module_path()
         node = torch._C._current_autograd_node()
         node_name = node.name() if node is not None else ""
+        if node is not None:  # a backward op: point to the forward call that created its node
+            line, module = node.metadata.get(_SITE_KEY, (line, module))
         key = (op, action, line, module)
         with _FLAGS_LOCK:
             found = self._index.get(key)
@@ -334,28 +337,23 @@ class DeterminismPolicy:
 
     # -- scope --
     def __enter__(self) -> DeterminismPolicy:
-        det = deterministic(True, cublas_workspace=None)
-        mode = _PolicyMode(self)
-        _TRACKER.acquire()
-        try:
-            mode.__enter__()
-        except BaseException:
-            _TRACKER.release()
-            det.restore()
-            raise
-        _SCOPES.stack.append(self)
-        self._entries.append((det, mode))
+        with ExitStack() as stack:  # undone in reverse order on exit, or at once if a step here fails
+            stack.callback(deterministic(True, cublas_workspace=None).restore)
+            _TRACKER.acquire()
+            stack.callback(_TRACKER.release)
+            stack.enter_context(_SiteMode())
+            stack.enter_context(_PolicyMode(self))
+            _SCOPES.stack.append(self)
+            stack.callback(self._leave_scope)
+            self._entries.append(stack.pop_all())
         return self
 
+    def _leave_scope(self) -> None:
+        if _SCOPES.stack and _SCOPES.stack[-1] is self:
+            _SCOPES.stack.pop()
+
     def __exit__(self, *exc: object) -> None:
-        det, mode = self._entries.pop()
-        try:
-            if _SCOPES.stack and _SCOPES.stack[-1] is self:
-                _SCOPES.stack.pop()
-            mode.__exit__(*exc)
-        finally:
-            _TRACKER.release()
-            det.restore()
+        self._entries.pop().__exit__(*exc)
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)
@@ -368,6 +366,23 @@ class DeterminismPolicy:
     def __repr__(self) -> str:
         how = f"tier={self.tier!r}" if self.tier else f"default={self.default!r}"
         return f"DeterminismPolicy(rules={self.rules!r}, {how})"
+
+
+_SITE_KEY = "torchrepro_site"
+
+
+class _SiteMode(TorchFunctionMode):
+    """Notes on each new autograd node the user's line and module that created it (in ``node.metadata``, so the
+    note lives exactly as long as the node), for naming backward ops by their forward call."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if torch.is_grad_enabled():
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                node = t.grad_fn if isinstance(t, torch.Tensor) else None
+                if node is not None and _SITE_KEY not in node.metadata:
+                    node.metadata[_SITE_KEY] = (user_line(), module_path())
+        return out
 
 
 class _PolicyMode(TorchDispatchMode):
