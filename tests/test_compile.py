@@ -1,0 +1,235 @@
+"""torch.compile: compiled regions in the manifest, gradient |Δ| while parameters are identical, and --locate inside
+compiled code (the bundled examples/compiled_embedding.py, whose compiled embedding backward varies with 2 threads).
+
+The checks run once per module (fixtures) and several tests assert on each result. Inductor's cache in /tmp keeps
+the compile time of later processes small.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchrepro.cli._render import render_locate
+from torchrepro.compiled import CompileWatch
+from torchrepro.compilelocate import locate_compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "compiled_embedding.py"
+needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+
+
+def _line_of(path: Path, marker: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if marker in line)
+
+
+def _check(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *flags, "--",
+                        "python", str(script), *args], capture_output=True, text=True, timeout=900)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
+
+
+@pytest.fixture(scope="module")
+def located(tmp_path_factory):
+    """`check --locate` on the compiled example; a race that happened not to show is retried with more runs."""
+    out = tmp_path_factory.mktemp("compiled")
+    rc, doc, err = _check(out / "a", "--locate")
+    if doc.get("verdict") == "identical":
+        rc, doc, err = _check(out / "b", "--locate", "--runs", "4")
+    assert rc == 1, err
+    return doc
+
+
+@pytest.fixture(scope="module")
+def deterministic(tmp_path_factory):
+    return _check(tmp_path_factory.mktemp("det") / "o", "--deterministic")
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory):
+    return _check(tmp_path_factory.mktemp("eager") / "o", args=("--eager",))
+
+
+@needs_threads
+def test_check_diverges_in_compiled_code_with_the_gradient_delta(located):
+    doc = located
+    assert doc["verdict"] == "diverged" and doc["cause"] == "compute"
+    step = doc["first_divergent_step"]
+    first = {d["kind"]: d["names"] for d in doc["diverged_first"]}
+    assert first["grads"] == ["_orig_mod.transformer.wte.weight"]
+    assert "params" not in doc["first_step_by_kind"]  # the tiny warm-up learning rate keeps them identical
+    assert doc["parameters_identical"] is True
+    grads = next(d for d in doc["value_deltas"] if d["kind"] == "grads")
+    assert grads["step"] == step and grads["tensor"] == "_orig_mod.transformer.wte.weight"
+    assert 0 < grads["max_abs_delta"] < 1e-6 and grads["elements_differing"] > 0 and grads["max_ulp"] > 0
+    assert doc["value_delta_text"].startswith(
+        f"parameters identical so far; gradients differ by up to {grads['max_abs_delta']:.3g} (step {step}, "
+        "_orig_mod.transformer.wte.weight;")
+    compiled = doc["compiled"]
+    assert compiled["in_compiled_code"] is True and compiled["region"] == 0
+    region = compiled["regions"][0]
+    assert region["kind"] == "module" and region["target"] == "TinyGPT" and region["backend"] == "inductor"
+    assert Path(region["file"]).name == EXAMPLE.name and region["line"] == _line_of(EXAMPLE, "COMPILE-CALL")
+    assert region["module_path"] == "" and region["param_prefix"] == "_orig_mod."
+    assert "computed by code that torch.compile generated" in compiled["text"]
+
+
+@needs_threads
+def test_locate_names_the_compiled_region_the_op_and_its_line(located):
+    loc = located["locate"]
+    assert loc["verdict"] == "compiled-kernel" and loc["compiled"] is True
+    assert loc["step"] == located["first_divergent_step"]
+    assert loc["region"]["line"] == _line_of(EXAMPLE, "COMPILE-CALL")
+    op = loc["op"]
+    assert op["original_aten"] == "aten.embedding_dense_backward" and "index_put" in op["op"]
+    assert op["phase"] == "backward" and op["module"] == "transformer.wte"
+    assert Path(op["file"]).name == EXAMPLE.name and op["line"] == _line_of(EXAMPLE, "TOKEN-EMBEDDING")
+    assert loc["eager_deterministic"] is True
+    assert loc["measured"]["node_variants"] > 1 and loc["measured"]["eager_variants"] == 1
+    assert "eager is deterministic here; the compiled kernel is not" in loc["explanation"]
+    assert "use_deterministic_algorithms(True)" in loc["fix"] and "torch.compiler.disable" in loc["fix"]
+    assert "did not reproduce" not in json.dumps(loc)
+    text = render_locate(loc)
+    assert "Verdict: compiled kernel - eager is deterministic here; the compiled kernel is not." in text
+    assert f"compiled at {region_where(loc)}" in text and "lowered from aten.embedding_dense_backward" in text
+    assert "=>" in Path(loc["op_table"]).read_text()
+
+
+def region_where(loc: dict) -> str:
+    return f"{loc['region']['file']}:{loc['region']['line']}"
+
+
+def test_deterministic_mode_makes_the_compiled_model_identical(deterministic):
+    rc, doc, err = deterministic
+    assert rc == 0, err
+    assert doc["verdict"] == "identical" and doc["value_delta_text"] is None
+    assert doc["compiled"]["regions"][0]["line"] == _line_of(EXAMPLE, "COMPILE-CALL")  # noted even when identical
+
+
+def test_the_eager_twin_is_identical(eager):
+    rc, doc, err = eager
+    assert rc == 0, err
+    assert doc["verdict"] == "identical" and doc["compiled"] is None
+
+
+EAGER_SCRIPT = """
+import torch
+torch.set_num_threads(2)
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(1000))
+opt = torch.optim.SGD([w], lr=0.0)  # the parameters never change; the gradients vary
+idx = torch.randint(0, 1000, (2_000_000,))
+vals = torch.randn(2_000_000)
+for _ in range(2):
+    opt.zero_grad()
+    (w[idx] * vals).sum().backward()  # the backward of w[idx] accumulates 2M values into 1000: varies with 2 threads
+    opt.step()
+"""
+
+
+@needs_threads
+def test_eager_script_whose_gradients_differ_while_parameters_stay(tmp_path):
+    script = tmp_path / "lr0.py"
+    script.write_text(EAGER_SCRIPT)
+    rc, doc, err = _check(tmp_path / "o", script=script)
+    if doc.get("verdict") == "identical":  # the race can happen not to show: give it more runs
+        rc, doc, err = _check(tmp_path / "o2", "--runs", "4", script=script)
+    assert rc == 1, err
+    assert doc["cause"] == "compute" and [d["kind"] for d in doc["diverged_first"]] == ["grads"]
+    assert doc["parameters_identical"] is True and doc["compiled"] is None
+    grads = doc["value_deltas"][0]
+    assert grads["kind"] == "grads" and grads["tensor"] == "opt0.param0" and grads["max_abs_delta"] > 0
+    assert doc["value_delta_text"].startswith("parameters identical so far; gradients differ by up to ")
+    # `diff` of two recorded runs says the same in its text summary
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", *doc["runs"][:2], "--out", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=300)
+    assert "  parameters identical so far; gradients differ by up to " in p.stdout, p.stderr
+
+
+# --- in-process: noting compile calls, comparing measurements -------------------------------------------------
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_compile_watch_notes_calls_and_restores_torch_compile():
+    original = torch.compile
+    net, inner = _Net(), _Net()
+    with CompileWatch() as watch:
+        compiled = torch.compile(net, mode="max-autotune-no-cudagraphs", dynamic=False)  # CALL-A
+
+        @torch.compile(fullgraph=True)  # CALL-B
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        inner.compile()  # CALL-C
+    assert torch.compile is original
+    regions = watch.regions({"Net": compiled, "Net2": inner})
+    here = Path(__file__)
+    a, b, c = regions
+    assert (a["kind"], a["target"], a["mode"], a["dynamic"], a["line"]) == (
+        "module", "_Net", "max-autotune-no-cudagraphs", False, _line_of(here, "# CALL-A"))
+    assert a["module_path"] == "Net" and a["param_prefix"] == "Net._orig_mod."
+    assert (b["kind"], b["fullgraph"], b["line"]) == ("function", True, _line_of(here, "# CALL-B"))
+    assert b["target"].endswith("step") and b["param_prefix"] is None
+    assert (c["kind"], c["line"], c["module_path"], c["param_prefix"]) == (
+        "module", _line_of(here, "# CALL-C"), "Net2", "Net2.")
+
+
+def test_compiled_module_made_before_recording_is_found():
+    compiled = torch.compile(_Net())
+    regions = CompileWatch().regions({"": compiled})
+    assert regions == [regions[0]] and regions[0]["found_by"] == "OptimizedModule among the models"
+    assert regions[0]["param_prefix"] == "_orig_mod." and regions[0]["target"] == "_Net"
+
+
+def _graph(program: list[list[str]], compiled: list[dict], eager: list[dict], inputs: dict | None = None) -> dict:
+    nodes = [{"name": "x", "kind": "placeholder", "args": []},
+             {"name": "a", "kind": "call_function", "op": "aten.mul", "args": ["x"], "line": 3},
+             {"name": "b", "kind": "call_function", "op": "aten.index_put", "original_aten":
+              "aten.embedding_dense_backward", "args": ["a"], "module": "emb", "file": "t.py", "line": 4},
+             {"name": "c", "kind": "call_function", "op": "aten.add", "args": ["b"], "line": 5}]
+    return {"region": 0, "kind": "backward", "order": 1, "nodes": nodes, "inputs": inputs or {"x": "X"},
+            "program": program, "compiled": compiled, "eager": eager, "errors": []}
+
+
+def _doc(graph: dict) -> dict:
+    return {"repeats": 2, "regions": [{"index": 0, "target": "M", "file": "t.py", "line": 9}], "graphs": [graph]}
+
+
+def test_locate_compiled_names_the_first_node_that_varies_with_identical_inputs():
+    same = {"x": "X", "a": "A", "b": "B1", "c": "C1"}
+    other = {"x": "X", "a": "A", "b": "B2", "c": "C2"}
+    eager = [{"x": "X", "a": "A", "b": "E", "c": "F"}] * 2
+    docs = [_doc(_graph([["C1"], ["C1"]], [same, same], eager)), _doc(_graph([["C2"], ["C2"]], [other, other], eager))]
+    result = locate_compiled(docs, step=2)  # each process is stable; they differ from each other
+    assert result.verdict == "compiled-kernel" and result.op["node"] == "b" and result.eager_deterministic is True
+    assert result.op["original_aten"] == "aten.embedding_dense_backward" and result.region["line"] == 9
+    assert result.finding.origin_variants == 2 and result.finding.program_variants == 2
+    # different graph inputs in the two re-runs: their measurements are not pooled, and nothing varies within one
+    docs[1]["graphs"][0]["inputs"] = {"x": "Y"}
+    result = locate_compiled(docs, step=2)
+    assert result.verdict == "compiled-not-reproduced"
+    assert result.explanation.startswith("Traced: the FX graphs inductor compiled (backward graph of region 0 (3 "
+                                         "nodes)), each run 2 times with identical inputs in each of 2 re-runs at "
+                                         "step 2")
+
+
+def test_locate_compiled_graph_level_and_nothing_captured():
+    stable = {"x": "X", "a": "A", "b": "B", "c": "C"}
+    docs = [_doc(_graph([["C1"], ["C2"]], [stable, stable], []))]
+    result = locate_compiled(docs, step=1)
+    assert result.verdict == "compiled-graph" and result.finding.program_variants == 2
+    assert result.eager_deterministic is None
+    empty = locate_compiled([{"repeats": 8, "regions": [], "graphs": []}] * 2, step=1)
+    assert empty.verdict == "compiled-not-captured" and "no graph compiled by inductor" in empty.explanation
