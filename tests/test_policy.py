@@ -393,6 +393,54 @@ def test_class_mark_applies_to_every_instance_and_module_grads_are_unchanged():
     assert [g.shape for g in grads] == [p.shape for p in marked.parameters()]
 
 
+def test_instance_mark_survives_deepcopy_and_can_be_replaced():
+    import copy
+
+    part = mark_deterministic(Part("forward"), level="strict")
+    twin = copy.deepcopy(part)
+    assert isinstance(twin, Part) and type(twin).__name__ == "Part" and twin.lin is not part.lin
+    with pytest.raises(RuntimeError, match=ALERT):
+        twin(torch.ones(1, 4))
+    mark_deterministic(twin, level="off")
+    twin(torch.ones(1, 4)).sum().backward()  # off now: put_ runs
+    assert twin.lin.weight.grad is not None and part.lin.weight.grad is None
+    assert type(twin).__mro__[1] is Part  # re-marked from the original class, not stacked
+
+
+def test_module_outputs_in_structures_no_grad_and_tensor_kwargs():
+    class Multi(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x, *, scale):
+            y = self.lin(x) * scale
+            return {"y": y, "pair": (y.sum(), 3), "index": torch.arange(2)}
+
+    torch.manual_seed(0)
+    plain = Multi()
+    marked = mark_deterministic(copy_module(plain), level="strict")
+    x = torch.ones(1, 2, requires_grad=True)
+    s1, s2 = torch.tensor(2.0, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+    a, b = plain(x, scale=s1), marked(x, scale=s2)
+    assert b["pair"][1] == 3 and torch.equal(b["index"], torch.arange(2)) and not b["index"].requires_grad
+    (a["y"].sum() + a["pair"][0]).backward()
+    g1 = x.grad.clone()
+    x.grad = None
+    (b["y"].sum() + b["pair"][0]).backward()
+    assert torch.equal(g1, x.grad) and torch.equal(s1.grad, s2.grad)
+    assert torch.equal(plain.lin.weight.grad, marked.lin.weight.grad)
+    with torch.no_grad():
+        assert torch.equal(marked(x, scale=s2)["y"], plain(x, scale=s1)["y"])
+    assert flags() == (False, False)
+
+
+def copy_module(m: nn.Module) -> nn.Module:
+    import copy
+
+    return copy.deepcopy(m)
+
+
 def test_strict_backward_switches_kernels_for_a_builtin_backward_op():
     """x[idx]'s backward (aten.index_put, accumulate=True) varies with 2 threads; marked strict it is stable."""
     idx, vals = MANY

@@ -521,6 +521,21 @@ def _run_marked(func: Callable[..., Any], level: str, args: tuple, kwargs: dict,
     return tree_unflatten(out_flat, out_spec)
 
 
+_MARKED_CLASSES: dict[tuple[type, str], type] = {}
+
+
+def _marked_forward(original: Callable[..., Any], level: str) -> Callable[..., Any]:
+    original = getattr(original, "__torchrepro_original__", original)  # marking again replaces the level
+
+    @functools.wraps(original)
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return _run_marked(functools.partial(original, self), level, args, kwargs, self)
+
+    forward.__torchrepro_original__ = original  # type: ignore[attr-defined]
+    forward.__torchrepro_level__ = level  # type: ignore[attr-defined]
+    return forward
+
+
 def _check_level(level: Any) -> str:
     if level not in LEVELS:
         raise ValueError(f"mark_deterministic(level={level!r}): expected one of {tuple(reversed(LEVELS))}. "
@@ -535,7 +550,9 @@ def mark_deterministic(target: Any = None, *, level: str = "strict") -> Any:
     (deterministic mode with ``warn_only``) or ``"off"``. Use it on an ``nn.Module`` class (every instance), an
     instance, or a plain function; as ``mark_deterministic(obj, level=...)`` or as a decorator
     ``@mark_deterministic(level="strict")``. The previous setting comes back outside the region, also after an
-    exception; nested marks take the innermost level.
+    exception; nested marks take the innermost level. Marking a class wraps its ``forward`` (subclasses that
+    override ``forward`` are not marked); marking an instance gives it a marked subclass of its class, so
+    ``copy.deepcopy`` keeps the mark; marking again replaces the level.
 
     >>> import torch, torchrepro
     >>> lin = torchrepro.mark_deterministic(torch.nn.Linear(2, 2), level="strict")
@@ -548,26 +565,17 @@ def mark_deterministic(target: Any = None, *, level: str = "strict") -> Any:
     if target is None:
         return functools.partial(mark_deterministic, level=level)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
-        original = target.forward
-
-        @functools.wraps(original)
-        def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return _run_marked(functools.partial(original, self), level, args, kwargs, self)
-
-        forward.__torchrepro_level__ = level  # type: ignore[attr-defined]
-        target.forward = forward  # type: ignore[method-assign]
+        target.forward = _marked_forward(target.forward, level)  # type: ignore[method-assign]
         return target
     if isinstance(target, torch.nn.Module):
-        bound = target.forward
-        inner = getattr(bound, "__wrapped_marked__", bound)
-
-        @functools.wraps(inner)
-        def instance_forward(*args: Any, **kwargs: Any) -> Any:
-            return _run_marked(inner, level, args, kwargs, target)
-
-        instance_forward.__wrapped_marked__ = inner  # type: ignore[attr-defined]
-        instance_forward.__torchrepro_level__ = level  # type: ignore[attr-defined]
-        target.forward = instance_forward  # type: ignore[method-assign]
+        # A subclass made once per (class, level): the mark survives copy.deepcopy and binds to the copy.
+        base = type(target).__dict__.get("__torchrepro_base__", type(target))
+        cls = _MARKED_CLASSES.get((base, level))
+        if cls is None:
+            cls = _MARKED_CLASSES[(base, level)] = type(base.__name__, (base,), {
+                "forward": _marked_forward(base.forward, level), "__torchrepro_base__": base,
+                "__module__": base.__module__, "__qualname__": base.__qualname__})
+        target.__class__ = cls
         return target
     if callable(target):
         @functools.wraps(target)
