@@ -1,5 +1,5 @@
-"""A tiny nanoGPT-style language model (token + position embeddings, one transformer block, a head tied to the
-token embedding), trained with ``torch.compile`` on CPU.
+"""A tiny nanoGPT-style language model (token + position embeddings, one residual MLP block, a head tied to
+the token embedding), trained with ``torch.compile`` on CPU.
 
 The code inductor generates for the backward of the tied token embedding adds rows into the gradient from several
 threads (``atomic_add``), so with 2+ CPU threads the gradient of ``wte.weight`` differs between runs in its last
@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int) -> None:
         super().__init__()
         self.ln_2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
@@ -34,18 +34,19 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, block_size: int, dim: int, heads: int) -> None:
+    def __init__(self, vocab: int, block_size: int, dim: int) -> None:
         super().__init__()
         self.transformer = nn.ModuleDict({
             "wte": nn.Embedding(vocab, dim),
             "wpe": nn.Embedding(block_size, dim),
-            "h": nn.ModuleList([Block(dim, heads)]),
+            "h": nn.ModuleList([Block(dim)]),
             "ln_f": nn.LayerNorm(dim),
         })
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2 and nanoGPT
         for p in self.parameters():
-            nn.init.normal_(p, 0.0, 0.02) if p.dim() > 1 else None
+            if p.dim() > 1:
+                nn.init.normal_(p, 0.0, 0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -69,15 +70,16 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (Triton kernels, tools/compile_locate_cuda.py)")
     args = parser.parse_args()
 
     torch.set_num_threads(2)  # the race needs at least two threads
     torch.manual_seed(0)
-    model = TinyGPT(args.vocab, args.block_size, args.dim, heads=2)
+    model = TinyGPT(args.vocab, args.block_size, args.dim).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=warmup_lr(0), weight_decay=0.1)
     if not args.eager:
         model = torch.compile(model)  # COMPILE-CALL
-    data = torch.randint(0, args.vocab, (args.steps, args.batch, args.block_size + 1))
+    data = torch.randint(0, args.vocab, (args.steps, args.batch, args.block_size + 1)).to(args.device)
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = warmup_lr(step)
