@@ -135,8 +135,11 @@ class LocateResult:
                     "comes from NumPy/Python randomness, data loading in worker processes, or I/O. Seed those "
                     "sources (torchrepro.seed_everything, seed_worker, seeded numpy Generators).")
         if self.verdict == "not-reproduced":
-            return ("The nondeterminism is intermittent (e.g. a race that rarely changes the result). Trace more "
-                    "steps with `--locate-steps N`, or run `check --runs 3`.")
+            return (f"Traced: the eager ATen ops of step(s) {', '.join(map(str, self.traced_steps)) or '-'} in two "
+                    "re-runs; code compiled with torch.compile runs as generated kernels that this tracer does not "
+                    "see (check names compiled regions in its summary, and --locate then measures their kernels). "
+                    "If none ran, the nondeterminism is intermittent (e.g. a race that rarely changes the result): "
+                    "trace more steps with `--locate-steps N`, or run `check --runs 3`.")
         return ""
 
     def to_json(self) -> dict[str, Any]:
