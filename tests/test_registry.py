@@ -191,7 +191,7 @@ def test_cpu_ops_checked_and_found_stable_are_not_listed():
 CONDITION_ARGS = {"accumulate": "accumulate", "no_accumulate": "accumulate", "weights": "weights",
                   "src_tensor": "src", "reduce_sum_mean": "reduce", "reduce_prod": "reduce",
                   "transposed": "transposed", "not_transposed": "transposed", "with_indices": "dim",
-                  "mode_max": "mode", "float_or_complex": "self", "sparse_input": None}
+                  "mode_max": "mode", "float_or_complex": "self", "sparse_input": None, "reduced": "reduction"}
 
 
 @pytest.mark.parametrize("entry", nondeterministic_ops(), ids=lambda e: f"{e.device}:{_id(e)}")
@@ -280,6 +280,8 @@ MATCHES = [  # (op as given, args, kwargs, device, expected (deterministic_mode,
     ("aten._embedding_bag_backward", (None,) * 8 + (2,), {}, "cuda", ("raises", "mode_max")),
     ("aten._embedding_bag_backward", (None,) * 8 + (0,), {}, "cuda", None),
     ("aten.grid_sampler_2d_backward.default", (), {}, "cuda", ("raises", None)),
+    ("aten.nll_loss2d_forward", (x, i1, None, 1, -100), {}, "cuda", ("raises", "reduced")),
+    ("aten.nll_loss2d_forward", (x, i1, None, 0, -100), {}, "cuda", None),
     ("aten.grid_sampler_2d_backward", (), {}, "cpu", None),
 ]
 

@@ -184,7 +184,7 @@ EXAMPLES: dict[tuple[str, str | None], Example] = {
     ("aten.reflection_pad1d_backward", None): _pad("reflect", 1),
     ("aten.reflection_pad2d_backward", None): _pad("reflect", 2),
     ("aten.reflection_pad3d_backward", None): _pad("reflect", 3),
-    ("aten.nll_loss2d_forward", None): lambda d: F.nll_loss(
+    ("aten.nll_loss2d_forward", "reduced"): lambda d: F.nll_loss(
         _randn(16, 10, 64, 64, device=d).log_softmax(1),
         torch.randint(0, 10, (16, 64, 64), generator=_gen(4)).to(d)),
     ("aten.median", "with_indices"): lambda d: torch.median(torch.randint(0, 4, (64, 1001), generator=_gen(5))

@@ -79,6 +79,7 @@ CONDITIONS: dict[str, Callable[[str, tuple, dict], bool]] = {
     "not_transposed": lambda op, a, k: not _arg(op, a, k, "transposed", False),
     "with_indices": lambda op, a, k: _arg(op, a, k, "dim", None) is not None,  # median(x, dim) returns indices
     "mode_max": lambda op, a, k: _arg(op, a, k, "mode", None) == 2,  # EmbeddingBag mode codes: sum 0, mean 1, max 2
+    "reduced": lambda op, a, k: _arg(op, a, k, "reduction", 1) != 0,  # reduction codes: none 0, mean 1, sum 2
     "float_or_complex": _is_float_or_complex,
     "sparse_input": _any_sparse,
 }
@@ -174,8 +175,9 @@ _ROWS: list[tuple[tuple[str, ...], str, str, str, str, str | None]] = [
      "raises", "", None),
     (("aten.reflection_pad1d_backward", "aten.reflection_pad2d_backward", "aten.reflection_pad3d_backward"),
      "cuda", "backward only", "raises", "replicate padding (switches to a deterministic kernel)", None),
-    (("aten.nll_loss2d_forward",), "cuda", "NLLLoss/CrossEntropyLoss on (N, C, H, W) input (atomicAdd reduction)",
-     "raises", "", None),
+    (("aten.nll_loss2d_forward",), "cuda",
+     "NLLLoss/CrossEntropyLoss on (N, C, H, W) input with reduction 'mean' or 'sum' (atomicAdd)", "raises",
+     "reduction='none', then .mean() or .sum()", "reduced"),
     (("aten.median", "aten.nanmedian"), "cuda", "with a dim (indices output): which duplicate's index", "raises",
      "", "with_indices"),
     (("aten.kthvalue",), "cuda", "which duplicate's index is returned", "raises", "", None),
