@@ -122,6 +122,17 @@ def test_force_sorted_is_restored_after_an_exception():
     assert _rowsum.use_sorted(torch.device("cuda")) is True
 
 
+def test_both_paths_keep_a_negative_zero_that_nothing_is_added_to():
+    x = torch.tensor([-0.0, 1.0, -0.0])
+    idx, src = torch.tensor([1, 2]), torch.tensor([2.0, -0.0])
+    expected = torch.index_add(x, 0, idx, src)
+    for forced in (False, True):
+        with force_sorted(forced):
+            got = F.index_add(x, 0, idx, src)
+        assert torch.equal(got.signbit(), expected.signbit()) and got.tolist() == [0.0, 3.0, 0.0]
+    assert expected.signbit().tolist() == [True, False, True]
+
+
 def test_histc_bins_equal_pytorch_on_a_million_values_and_edges():
     x = torch.randn(1_000_000, generator=torch.Generator().manual_seed(3))
     x[:4] = torch.tensor([-2.0, 2.0, -1.3, 1.9999999])

@@ -43,7 +43,8 @@ def _sorted(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.
     order = torch.sort(keys, stable=True).indices
     values = torch.cat([out, src.to(out.dtype)]).index_select(0, order)
     lengths = torch.bincount(index, minlength=rows) + 1  # every segment starts with out's own row
-    return torch.segment_reduce(values, "sum", lengths=lengths, axis=0)
+    # -0.0 is the exact identity of IEEE addition (-0.0 + x == x, signed zeros included), unlike 0.0
+    return torch.segment_reduce(values, "sum", lengths=lengths, axis=0, initial=-0.0)
 
 
 # Device kind -> implementation; devices not listed use the sort-based one (no atomics anywhere).
