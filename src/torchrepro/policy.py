@@ -158,12 +158,13 @@ def user_line() -> str:
     return ""
 
 
-def module_path() -> str:
-    """Dotted path of the module whose forward is running in this thread ("" outside any module).
+def module_path(mods: tuple[torch.nn.Module, ...] | list[torch.nn.Module] | None = None) -> str:
+    """Dotted path of the module whose forward is running in this thread ("" outside any module), or of a
+    stack of modules noted earlier.
 
     The outermost module is named by its class (``Net``); submodules by their attribute names (``Net.block.0``).
     """
-    mods = _SCOPES.modules
+    mods = _SCOPES.modules if mods is None else mods
     if not mods:
         return ""
     parts = [type(mods[0]).__name__]
@@ -313,7 +314,9 @@ class DeterminismPolicy:
         node = torch._C._current_autograd_node()
         node_name = node.name() if node is not None else ""
         if node is not None:  # a backward op: point to the forward call that created its node
-            line, module = node.metadata.get(_SITE_KEY, (line, module))
+            site = node.metadata.get(_SITE_KEY)
+            if site is not None:
+                line, module = site[0], module_path(site[1])
         key = (op, action, line, module)
         with _FLAGS_LOCK:
             found = self._index.get(key)
@@ -381,7 +384,7 @@ class _SiteMode(TorchFunctionMode):
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 node = t.grad_fn if isinstance(t, torch.Tensor) else None
                 if node is not None and _SITE_KEY not in node.metadata:
-                    node.metadata[_SITE_KEY] = (user_line(), module_path())
+                    node.metadata[_SITE_KEY] = (user_line(), tuple(_SCOPES.modules))  # path named if needed
         return out
 
 
