@@ -133,6 +133,14 @@ def test_both_paths_keep_a_negative_zero_that_nothing_is_added_to():
     assert expected.signbit().tolist() == [True, False, True]
 
 
+def test_integer_tensors_are_summed_exactly_on_both_paths():
+    x, idx, src = torch.zeros(3, dtype=torch.int64), torch.tensor([2, 2, 0]), torch.tensor([5, 7, 1])
+    for forced in (False, True):
+        with force_sorted(forced):
+            assert F.index_add(x, 0, idx, src).tolist() == [1, 0, 12]
+            assert F.index_put(x, (idx,), src).tolist() == [1, 0, 12]
+
+
 def test_histc_bins_equal_pytorch_on_a_million_values_and_edges():
     x = torch.randn(1_000_000, generator=torch.Generator().manual_seed(3))
     x[:4] = torch.tensor([-2.0, 2.0, -1.3, 1.9999999])

@@ -62,6 +62,8 @@ def row_sum(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.
         raise ValueError(f"row_sum expects out (M, D), index (N,), src (N, D); got {tuple(out.shape)}, "
                          f"{tuple(index.shape)}, {tuple(src.shape)}")
     index = index.to(torch.int64)
+    if not (out.dtype.is_floating_point or out.dtype.is_complex):
+        return _serial(out, index, src.to(out.dtype))  # integer sums are exact in any order, on any device
     impl = _sorted if use_sorted(out.device) else _BY_DEVICE[out.device.type]
     if out.shape[1] == 1 and impl is _serial:  # the 1-D kernel is a plain loop, much faster than row by row
         return _serial(out.view(-1), index, src.to(out.dtype).reshape(-1)).view(-1, 1)
