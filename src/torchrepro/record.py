@@ -19,6 +19,7 @@ From code::
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -51,9 +52,10 @@ from .optrace import OpTracer
 from .store import OPS, VALUES, TraceWriter, write_manifest
 
 DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
-# Gradients and optimizer state are also saved (values/grads_N.pt, values/state_N.pt) for the first steps only, so
-# that check can say how large their difference is while the parameters are still identical.
+# `check` also keeps gradients and optimizer state (values/grads_N.pt, values/state_N.pt) of the first steps, within
+# the values budget, so that it can say how large their difference is while the parameters are still identical.
 GRAD_VALUE_STEPS = 3
+GRAD_VALUES_ENV = "TORCHREPRO_GRAD_VALUE_STEPS"  # how many steps' gradients the launched recorder keeps (default 0)
 
 
 class MaxStepsReached(SystemExit):
@@ -75,6 +77,13 @@ def _float_hex(t: torch.Tensor) -> str | None:
         return float(t.detach().reshape(()).item()).hex()
     except Exception:  # e.g. a tensor subclass without data: the fingerprint says it is unreadable
         return None
+
+
+def _env_int(name: str) -> int:
+    try:
+        return max(0, int(os.environ.get(name, "0") or 0))
+    except ValueError:
+        return 0
 
 
 def _warn(message: str) -> None:
@@ -228,8 +237,11 @@ class Recorder:
         trace_mode: str = "optimizer",
         timing: bool = False,
         check_ranks_every: int | None = None,
+        grad_value_steps: int | None = None,
     ) -> None:
         self.trace = TraceWriter(run_dir)
+        # with keep_values: gradient and optimizer-state snapshots of the first N steps (None: $GRAD_VALUES_ENV or 0)
+        self.grad_value_steps = _env_int(GRAD_VALUES_ENV) if grad_value_steps is None else grad_value_steps
         self.timing = timing
         self.check_ranks_every = check_ranks_every
         # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
@@ -461,16 +473,18 @@ class Recorder:
 
     def _submit_grads(self, n: int, params: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor | None]) -> None:
-        """Snapshots of gradients and optimizer state for the first ``GRAD_VALUE_STEPS`` steps (values budget)."""
-        if self.values is None or n > GRAD_VALUE_STEPS:
+        """Snapshots of gradients and optimizer state for the first ``grad_value_steps`` steps (values budget)."""
+        if self.values is None or n > self.grad_value_steps:
             return
         grads = {k: p.grad for k, p in params.items()
                  if isinstance(p.grad, torch.Tensor) and p.grad.layout == torch.strided}
-        if grads:
-            self.values.submit(f"grads_{n:06d}", grads)
         tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.layout == torch.strided}
-        if tensors:
-            self.values.submit(f"state_{n:06d}", tensors)
+        for name, snapshot in ((f"grads_{n:06d}", grads), (f"state_{n:06d}", tensors)):
+            size = sum(t.numel() * t.element_size() for t in snapshot.values())
+            # taken only when it fits with room for the final parameters (the writer's rule): a snapshot that
+            # does not fit is left out here rather than counted among the parameter snapshots skipped
+            if snapshot and self.values.used + 2 * size <= self.values.budget:
+                self.values.submit(name, snapshot)
 
     def _check_ranks(self) -> None:
         """Compare this step's replicas across ranks (a collective: every rank gets here at the same step)."""
