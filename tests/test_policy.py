@@ -49,6 +49,7 @@ def _clean_state():
     torch.use_deterministic_algorithms(False)
     yield
     assert policy_mod._LEVELS.stacks == {} and policy_mod._SCOPES.stack == [] and policy_mod._TRACKER.users == 0
+    assert policy_mod._POLICY_GLOBALS.count == 0
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
@@ -186,6 +187,32 @@ def test_decorator_and_restore_after_an_exception():
     with pytest.raises(ZeroDivisionError), policy:
         raise ZeroDivisionError("inside the policy")
     assert flags() == (False, False) and torch.backends.cudnn.benchmark
+
+
+def test_one_policy_object_in_several_threads_at_once():
+    policy = DeterminismPolicy({"aten.put_": "allow"})
+    errors, barrier = [], threading.Barrier(3)
+
+    @policy
+    def work():
+        barrier.wait(10)  # all three threads inside the policy at once
+        for _ in range(20):
+            assert torch.equal(put(), EXPECTED)
+        barrier.wait(10)
+
+    def run():
+        try:
+            work()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and flags() == (False, False)
+    assert sum(d.count for d in policy.decisions) == 60 and {d.action for d in policy.decisions} == {"allow"}
 
 
 class Block(nn.Module):

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import registry
-from .determinism import deterministic
+from ._compat import fill_uninitialized_memory_get, fill_uninitialized_memory_set
 from .errors import NondeterministicOpError, ReproWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,6 +129,37 @@ class _Levels:
 
 
 _LEVELS = _Levels()
+
+
+class _PolicyGlobals:
+    """cuDNN and memory-fill settings while any DeterminismPolicy is open in any thread (counted, under the lock):
+    cuDNN deterministic, benchmark off, uninitialized memory filled; the settings from before come back when the
+    last policy closes. (The deterministic-algorithms flag itself goes through ``_LEVELS`` as level "strict".)"""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.saved: tuple[bool, bool, bool | None] | None = None
+
+    def enter(self) -> None:
+        with _FLAGS_LOCK:
+            if self.count == 0:
+                cudnn = torch.backends.cudnn
+                self.saved = (cudnn.deterministic, cudnn.benchmark, fill_uninitialized_memory_get())
+                cudnn.deterministic, cudnn.benchmark = True, False
+                fill_uninitialized_memory_set(True)
+            self.count += 1
+
+    def exit(self) -> None:
+        with _FLAGS_LOCK:
+            self.count -= 1
+            if self.count == 0 and self.saved is not None:
+                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self.saved[:2]
+                if self.saved[2] is not None:
+                    fill_uninitialized_memory_set(self.saved[2])
+                self.saved = None
+
+
+_POLICY_GLOBALS = _PolicyGlobals()
 
 
 @contextmanager
@@ -294,7 +325,7 @@ class DeterminismPolicy:
             self.rules[pattern] = _check_action(action, f"DeterminismPolicy rule {pattern!r}")
         self.decisions: list[Decision] = []
         self._index: dict[tuple[str, str, str, str], Decision] = {}
-        self._entries: list[tuple[deterministic, _PolicyMode]] = []
+        self._local = threading.local()  # this thread's open scopes of this policy (modes are per thread)
 
     # -- rules --
     def action_for(self, op: str) -> tuple[str, str]:
@@ -341,22 +372,30 @@ class DeterminismPolicy:
     # -- scope --
     def __enter__(self) -> DeterminismPolicy:
         with ExitStack() as stack:  # undone in reverse order on exit, or at once if a step here fails
-            stack.callback(deterministic(True, cublas_workspace=None).restore)
+            _POLICY_GLOBALS.enter()
+            stack.callback(_POLICY_GLOBALS.exit)
+            _LEVELS.enter("strict")
+            stack.callback(_LEVELS.exit)
             _TRACKER.acquire()
             stack.callback(_TRACKER.release)
             stack.enter_context(_SiteMode())
             stack.enter_context(_PolicyMode(self))
             _SCOPES.stack.append(self)
             stack.callback(self._leave_scope)
-            self._entries.append(stack.pop_all())
+            self._entries().append(stack.pop_all())
         return self
+
+    def _entries(self) -> list[ExitStack]:
+        if not hasattr(self._local, "entries"):
+            self._local.entries = []
+        return self._local.entries
 
     def _leave_scope(self) -> None:
         if _SCOPES.stack and _SCOPES.stack[-1] is self:
             _SCOPES.stack.pop()
 
     def __exit__(self, *exc: object) -> None:
-        self._entries.pop().__exit__(*exc)
+        self._entries().pop().__exit__(*exc)
 
     def __call__(self, func: F) -> F:
         @functools.wraps(func)
@@ -403,16 +442,15 @@ class _PolicyMode(TorchDispatchMode):
             return func(*args, **kwargs)  # decided by an inner policy, or a mark_deterministic level is innermost
         device = _device_of(args, kwargs)
         entry = registry.match(name, args, kwargs, device)
-        enabled = torch.are_deterministic_algorithms_enabled()
+        # Decided by what this thread's scope means (deterministic mode on), not by the process-wide flag, which
+        # another thread may have switched off for a moment to run an op its policy allows.
         if entry is not None and entry.deterministic_mode in ("nothing", "warns"):
             self.policy._decide(name, device, entry.when, entry.alternative)
             return self._run(func, args, kwargs, None)
-        if not enabled:
-            return self._run(func, args, kwargs, None)
         if entry is not None and entry.deterministic_mode == "switches kernel":
             action, _ = self.policy.action_for(name)
-            if action != "allow":
-                return self._run(func, args, kwargs, None)  # deterministic mode picks a deterministic kernel
+            if action != "allow":  # the deterministic kernel, also while another thread runs an allowed op
+                return self._run(func, args, kwargs, (True, False))
             self.policy._decide(name, device, entry.when, entry.alternative)
             return self._run(func, args, kwargs, (False, False))
         if entry is not None and entry.deterministic_mode == "raises":
