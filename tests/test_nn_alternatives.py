@@ -141,6 +141,17 @@ def test_integer_tensors_are_summed_exactly_on_both_paths():
             assert F.index_put(x, (idx,), src).tolist() == [1, 0, 12]
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["cpu_path", "sort_path"])
+def test_empty_indices_leave_the_input_unchanged(forced):
+    none = torch.tensor([], dtype=torch.int64)
+    with force_sorted(forced):
+        assert F.index_add(torch.ones(3, 2), 0, none, torch.ones(0, 2)).tolist() == [[1.0, 1.0]] * 3
+        assert F.index_put(torch.ones(3), (none,), torch.ones(0)).tolist() == [1.0] * 3
+        assert F.scatter_add(torch.ones(3), 0, none, torch.ones(0)).tolist() == [1.0] * 3
+        assert F.bincount(none, torch.ones(0), minlength=2).tolist() == [0.0, 0.0]
+        assert F.embedding_bag(none, torch.ones(3, 2), torch.tensor([0, 0])).tolist() == [[0.0, 0.0]] * 2
+
+
 def test_histc_bins_equal_pytorch_on_a_million_values_and_edges():
     x = torch.randn(1_000_000, generator=torch.Generator().manual_seed(3))
     x[:4] = torch.tensor([-2.0, 2.0, -1.3, 1.9999999])

@@ -15,6 +15,7 @@ against the PyTorch op and its measured speed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -49,10 +50,11 @@ class UnsupportedOptionError(ReproError, ValueError):
 
 def _index_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, alpha: Any) -> torch.Tensor:
     moved, src_moved = inp.movedim(dim, 0), src.movedim(dim, 0)
-    rows = src_moved.reshape(src_moved.shape[0], -1)
+    width = math.prod(moved.shape[1:])
+    rows = src_moved.reshape(src_moved.shape[0], width)
     if alpha != 1:
         rows = rows * alpha
-    summed = row_sum(moved.reshape(moved.shape[0], -1), index, rows)
+    summed = row_sum(moved.reshape(moved.shape[0], width), index, rows)
     return summed.view(moved.shape).movedim(0, dim).contiguous()
 
 
@@ -293,14 +295,15 @@ def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength
     """
     if input.dim() != 1 or input.dtype.is_floating_point or input.dtype == torch.bool:
         raise ReproError(f"bincount: input must be a 1-D integer tensor, got {input.dim()}-D {input.dtype}")
-    if input.numel() and int(input.min()) < 0:
-        raise ReproError(f"bincount: input must be non-negative, got the value {int(input.min())}")
     if weights is None:
         return torch.bincount(input, minlength=minlength)  # integer counts: exact in any order
+    low, high = (int(v) for v in torch.aminmax(input)) if input.numel() else (0, -1)
+    if low < 0:
+        raise ReproError(f"bincount: input must be non-negative, got the value {low}")
     if weights.shape != input.shape:
         raise ReproError(f"bincount: weights must have the shape of input {tuple(input.shape)}, "
                          f"got {tuple(weights.shape)}")
-    length = max(int(input.max()) + 1 if input.numel() else 0, minlength)
+    length = max(high + 1, minlength)
     dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
     zeros = torch.zeros(length, dtype=dtype, device=weights.device)
     return index_add(zeros, 0, input, weights.to(dtype))
