@@ -456,6 +456,8 @@ def measure_graph(graph: CapturedGraph, repeats: int) -> dict[str, Any]:
     """Run one captured graph ``repeats`` times on identical copies of its inputs: as compiled, as an
     instrumented compile (every node an output) and eagerly; fingerprints of everything, as JSON."""
     inputs = graph.inputs or []
+    with contextlib.suppress(AttributeError):
+        graph.program._torchrepro_graph = None  # stop capturing: these calls are measurements, not the training
     doc: dict[str, Any] = {"region": graph.region, "kind": graph.kind, "order": graph.order,
                            "nodes": _describe_nodes(graph.gm), "program": [], "compiled": [], "eager": [],
                            "errors": []}
