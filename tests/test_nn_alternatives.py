@@ -344,3 +344,13 @@ def test_one_result_over_ten_runs_in_five_processes_where_pytorch_gives_several(
     for name in ours:
         if name != "conv_transpose2d":
             assert len({r[name] for r in runs if name in r}) == 1, name
+
+
+@pytest.mark.parametrize("module", ["torchrepro.nn", "torchrepro.nn.functional", "torchrepro.nn.modules",
+                                    "torchrepro.nn._rowsum"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
