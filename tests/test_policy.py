@@ -495,6 +495,14 @@ def test_a_marked_region_cannot_be_backpropagated_twice():
         y.backward()
 
 
+def test_double_backward_through_a_marked_region_is_refused():
+    f = mark_deterministic(lambda x: x.pow(3), level="strict")
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"Double backward \(create_graph=True\) through a mark_deterministic"):
+        torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    assert flags() == (False, False)
+
+
 def test_policy_outside_mark_inside_innermost_wins():
     model = Two("forward")
     mark_deterministic(model.b, level="strict")

@@ -495,6 +495,10 @@ class _Region(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
         box = ctx.box
+        if torch.is_grad_enabled():  # backward(create_graph=True): second-order terms would miss the real leaves
+            raise RuntimeError("Double backward (create_graph=True) through a mark_deterministic region is not "
+                               "supported. Mark a smaller region that does not take part in the higher-order "
+                               "gradient, or use a DeterminismPolicy around the whole computation instead.")
         if box.get("released"):
             raise RuntimeError("Trying to backward through a mark_deterministic region a second time: its graph "
                                "was freed by the first backward (retain_graph is not supported inside marked "
