@@ -20,6 +20,7 @@ After a run on a GPU, copy the verdicts into the rows' ``verified_on`` field
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -44,11 +45,13 @@ def _randn(*shape: int, device: str, seed: int = 0, grad: bool = False) -> torch
     return torch.randn(*shape, generator=_gen(seed)).to(device).requires_grad_(grad)
 
 
+@functools.cache  # inputs only: examples never write to them
 def _many(device: str, n: int = 1_000_000, slots: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
     idx = torch.randint(0, slots, (n,), generator=_gen(1)).to(device)
     return idx, _randn(n, device=device, seed=2)
 
 
+@functools.cache
 def _cross(device: str, m: int = 500_000) -> tuple[torch.Tensor, torch.Tensor]:
     perm = torch.randperm(m, generator=_gen(3))
     return torch.cat([perm, perm.flip(0)]).to(device), torch.cat([torch.zeros(m), torch.ones(m)]).to(device)
