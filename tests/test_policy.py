@@ -418,6 +418,13 @@ def test_class_mark_applies_to_every_instance_and_module_grads_are_unchanged():
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), marked.parameters()))
     grads = torch.autograd.grad(marked(x2).sum(), list(marked.parameters()))  # functional grads work too
     assert [g.shape for g in grads] == [p.shape for p in marked.parameters()]
+    nested = mark_deterministic(copy_module(marked), level="warn")  # marks inside a mark: same gradients
+    for p in nested.parameters():
+        p.grad = None
+    x3 = x1.detach().clone().requires_grad_(True)
+    nested(x3).pow(2).sum().backward()
+    assert torch.equal(x1.grad, x3.grad)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), nested.parameters()))
 
 
 def test_instance_mark_survives_deepcopy_and_can_be_replaced():
