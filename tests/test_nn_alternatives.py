@@ -112,6 +112,23 @@ def test_sort_based_path_gives_the_same_bits_as_the_cpu_path(name, dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["cpu_path", "sort_path"])
+def test_alternatives_run_under_global_deterministic_mode(forced):
+    """A program may keep deterministic mode on: no alternative may use an op that raises under it."""
+    cases = _cases(torch.float32)
+    expected = {name: _forward_backward(ours, inputs) for name, (_, ours, inputs) in cases.items()}
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with force_sorted(forced):
+            for name, (_, ours, inputs) in cases.items():
+                assert all(torch.equal(a, b) for a, b in zip(_forward_backward(ours, inputs), expected[name]))
+            x = torch.randn(1000)
+            assert torch.equal(F._histc_counted(x, 10, -1.0, 1.0), F.histc(x, 10, -1, 1))
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def test_force_sorted_is_restored_after_an_exception():
     from torchrepro.nn import _rowsum
 
