@@ -29,14 +29,34 @@ def _line_of(path: Path, marker: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if marker in line)
 
 
+def _start(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *flags, "--",
+                             "python", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(p: subprocess.Popen) -> tuple[int, dict, str]:
+    out, err = p.communicate(timeout=900)
+    return p.returncode, (json.loads(out) if out.strip() else {}), err
+
+
 def _check(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *flags, "--",
-                        "python", str(script), *args], capture_output=True, text=True, timeout=900)
-    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
+    return _result(_start(out, *flags, script=script, args=args))
 
 
 @pytest.fixture(scope="module")
-def located(tmp_path_factory):
+def background(tmp_path_factory):
+    """The `--deterministic` and `--eager` checks, started at once to run beside the `--locate` one."""
+    procs = {"det": _start(tmp_path_factory.mktemp("det") / "o", "--deterministic"),
+             "eager": _start(tmp_path_factory.mktemp("eager") / "o", args=("--eager",))}
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+@pytest.fixture(scope="module")
+def located(tmp_path_factory, background):
     """`check --locate` on the compiled example; a race that happened not to show is retried with more runs."""
     out = tmp_path_factory.mktemp("compiled")
     rc, doc, err = _check(out / "a", "--locate")
@@ -47,13 +67,13 @@ def located(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def deterministic(tmp_path_factory):
-    return _check(tmp_path_factory.mktemp("det") / "o", "--deterministic")
+def deterministic(background):
+    return _result(background["det"])
 
 
 @pytest.fixture(scope="module")
-def eager(tmp_path_factory):
-    return _check(tmp_path_factory.mktemp("eager") / "o", args=("--eager",))
+def eager(background):
+    return _result(background["eager"])
 
 
 @needs_threads

@@ -573,8 +573,8 @@ def _value_deltas(runs: list[Run], result: CheckResult) -> None:
             parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, {entry['tensor']}; "
                          f"{entry['elements_differing']} elements differ)")
         else:
-            parts.append(f"{label} from step {step} on (by how much is unknown: their values are kept for "
-                         "the first steps only, within the values budget)")
+            parts.append(f"{label} from step {step} on (by how much is unknown: no snapshot of that step was "
+                         "kept; check keeps them for the first 3 steps when they fit in the values budget)")
     if parts:
         head = "parameters identical so far; " if result.params_identical else ""
         result.value_delta_text = head + "; ".join(parts)
