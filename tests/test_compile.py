@@ -253,3 +253,58 @@ def test_locate_compiled_graph_level_and_nothing_captured():
     assert result.eager_deterministic is None
     empty = locate_compiled([{"repeats": 8, "regions": [], "graphs": []}] * 2, step=1)
     assert empty.verdict == "compiled-not-captured" and "no graph compiled by inductor" in empty.explanation
+
+
+# --- compare: which region holds the divergence, gradient |Δ| from snapshots (hand-built run directories) ------
+def _runs_with_regions(tmp_path: Path, regions: list[dict], values: dict | None = None) -> list:
+    from tests.test_compare import make_run
+    from torchrepro.store import load_run, write_manifest
+
+    names = ("_orig_mod.fc.weight", "head.weight")
+    runs = [make_run(tmp_path, "a", names=names, values=(values or {}).get("a")),
+            make_run(tmp_path, "b", names=names, change=frozenset({("grads", 2), ("state", 2)}),
+                     values=(values or {}).get("b"))]
+    for run in runs:
+        write_manifest(run.path, {**run.manifest, "compiled": regions})
+    return [load_run(run.path) for run in runs]
+
+
+MODULE_REGION = {"index": 0, "kind": "module", "target": "Net", "file": "train.py", "line": 7,
+                 "code": "model = torch.compile(model)", "backend": "inductor", "mode": None, "module_path": "",
+                 "param_prefix": "_orig_mod."}
+
+
+def test_compare_says_which_compiled_region_holds_the_divergent_tensors(tmp_path):
+    from torchrepro.compare import compare_runs
+
+    r = compare_runs(_runs_with_regions(tmp_path / "in", [MODULE_REGION]))
+    assert r.first_step == 2 and r.compiled["in_compiled_code"] is True and r.compiled["region"] == 0
+    assert r.compiled["tensors"] == ["_orig_mod.fc.weight", "_orig_mod.fc.weight.exp_avg"]
+    assert "Net compiled at train.py:7 (`model = torch.compile(model)`, backend inductor, mode default)" in \
+        r.compiled["text"]
+    other = {**MODULE_REGION, "param_prefix": "encoder._orig_mod.", "module_path": "encoder"}
+    r = compare_runs(_runs_with_regions(tmp_path / "out", [other]))
+    assert r.compiled["in_compiled_code"] is False and "are not computed by the compiled modules" in r.compiled["text"]
+    function = {**MODULE_REGION, "kind": "function", "target": "train_step", "module_path": None, "param_prefix": None}
+    r = compare_runs(_runs_with_regions(tmp_path / "fn", [function]))
+    assert r.compiled["in_compiled_code"] is None and "the divergence may lie in them" in r.compiled["text"]
+
+
+def test_compare_gives_gradient_delta_and_says_when_its_size_is_unknown(tmp_path):
+    from torchrepro.compare import compare_runs
+
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    values = {"a": {"grads_000002": {"_orig_mod.fc.weight": g, "head.weight": g}},
+              "b": {"grads_000002": {"_orig_mod.fc.weight": g + torch.tensor([0.0, 0.0, 0.25, 0.0]),
+                                     "head.weight": g}}}
+    r = compare_runs(_runs_with_regions(tmp_path, [MODULE_REGION], values))
+    assert r.params_identical is True
+    grads, state = r.value_deltas
+    assert (grads["kind"], grads["step"], grads["tensor"], grads["max_abs_delta"], grads["elements_differing"],
+            grads["elements"]) == ("grads", 2, "_orig_mod.fc.weight", 0.25, 1, 4)
+    assert state["kind"] == "state" and state["max_abs_delta"] is None  # no state snapshot was kept
+    assert r.value_delta_text == (
+        "parameters identical so far; gradients differ by up to 0.25 (step 2, _orig_mod.fc.weight; 1 of 4 elements "
+        "differ); optimizer state differs from step 2 on (by how much is unknown: no snapshot of that step was kept; "
+        "check keeps them for the first 3 steps when they fit in the values budget)")
+    assert r.to_json()["value_deltas"] == r.value_deltas and r.to_json()["parameters_identical"] is True

@@ -556,7 +556,7 @@ def _value_deltas(runs: list[Run], result: CheckResult) -> None:
         name = f"{prefix}_{step:06d}"
         va = runs[0].values(name)
         entry: dict[str, Any] = {"kind": kind, "step": step, "max_abs_delta": None, "tensor": None,
-                                 "elements_differing": None, "max_ulp": None}
+                                 "elements_differing": None, "elements": None, "max_ulp": None}
         if va is not None:
             for other in runs[1:]:
                 vb = other.values(name)
@@ -565,13 +565,14 @@ def _value_deltas(runs: list[Run], result: CheckResult) -> None:
                 deltas = _deltas(va, vb)
                 m, where = _worst(deltas, "max_abs")
                 if where is not None and (entry["max_abs_delta"] is None or m > entry["max_abs_delta"]):
+                    differing = [n for n, d in deltas.items() if not d.equal]
                     entry.update(max_abs_delta=m, tensor=where, max_ulp=deltas[where].max_ulp,
-                                 elements_differing=sum(_differing_elements(va[n], vb[n])
-                                                        for n, d in deltas.items() if not d.equal))
+                                 elements_differing=sum(_differing_elements(va[n], vb[n]) for n in differing),
+                                 elements=sum(va[n].numel() for n in differing))
         result.value_deltas.append(entry)
         if entry["max_abs_delta"] is not None:
             parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, {entry['tensor']}; "
-                         f"{entry['elements_differing']} elements differ)")
+                         f"{entry['elements_differing']} of {entry['elements']} elements differ)")
         else:
             parts.append(f"{label} from step {step} on (by how much is unknown: no snapshot of that step was "
                          "kept; check keeps them for the first 3 steps when they fit in the values budget)")
