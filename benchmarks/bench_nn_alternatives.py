@@ -77,7 +77,7 @@ def cases(scale: int) -> dict[str, tuple[Callable[[], object], Callable[[], obje
     x = torch.randn(batch, 64, 32, 32, generator=g, requires_grad=True)
     ref = torch.nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1)
     mods = {c: rnn.ConvTranspose2d(64, 32, 4, stride=2, padding=1, construction=c)
-            for c in ("native", "zero_insertion")}
+            for c in ("native", "subpixel", "zero_insertion")}
     for mod in mods.values():
         mod.load_state_dict(ref.state_dict())
     cgrad = torch.randn(batch, 32, 64, 64, generator=g)

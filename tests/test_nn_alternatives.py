@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -69,6 +70,9 @@ def _cases(dtype: torch.dtype) -> dict[str, tuple[Callable, Callable, list[torch
         "conv_transpose2d": (lambda x, w, b: tf.conv_transpose2d(x, w, b, **ct),
                              lambda x, w, b: F.conv_transpose2d(x, w, b, **ct),
                              [randn(2, 4, 5, 6), randn(4, 3, 3, 3), randn(6)]),
+        "conv_transpose2d_subpixel": (lambda x, w, b: tf.conv_transpose2d(x, w, b, **ct),
+                                      lambda x, w, b: F.conv_transpose2d(x, w, b, **ct, construction="subpixel"),
+                                      [randn(2, 4, 5, 6), randn(4, 3, 3, 3), randn(6)]),
         "conv_transpose2d_zero_insertion": (lambda x, w, b: tf.conv_transpose2d(x, w, b, **ct),
                                             lambda x, w, b: F.conv_transpose2d(x, w, b, **ct,
                                                                                construction="zero_insertion"),
@@ -206,6 +210,29 @@ def test_bincount_dtypes_and_unweighted_counts_follow_pytorch():
         F.bincount(torch.tensor([1, -1]), torch.ones(2))
 
 
+@pytest.mark.parametrize("construction", ["subpixel", "zero_insertion"])
+def test_constructions_equal_pytorch_over_a_sweep_of_geometries(construction):
+    """Stride, padding (also larger than the kernel reaches: crops), dilation, kernel, output_padding, groups."""
+    g = torch.Generator().manual_seed(4)
+    checked = 0
+    for stride, padding, dilation, kernel in itertools.product([1, 2, 3], [0, 2, 4], [1, 2], [1, 3, 4]):
+        for output_padding in sorted({0, max(stride, dilation) - 1}):
+            x = torch.randn(1, 4, 5, 4, generator=g, dtype=torch.float64)
+            w = torch.randn(4, 3, kernel, kernel, generator=g, dtype=torch.float64)
+            b = torch.randn(6, generator=g, dtype=torch.float64)
+            args = ((stride, 1), (padding, 1), (output_padding, 0), 2, (dilation, 1))
+            try:
+                expected = torch.nn.functional.conv_transpose2d(x, w, b, *args)
+            except RuntimeError:  # an output size below 1: PyTorch refuses it too
+                with pytest.raises((RuntimeError, ReproError), match="output"):
+                    F.conv_transpose2d(x, w, b, *args, construction=construction)
+                continue
+            got = F.conv_transpose2d(x, w, b, *args, construction=construction)
+            torch.testing.assert_close(got, expected, **TOLERANCE[torch.float64])
+            checked += 1
+    assert checked > 80
+
+
 def test_modules_are_drop_in_replacements():
     torch.manual_seed(0)
     ref = torch.nn.ConvTranspose2d(6, 4, (3, 4), stride=2, padding=1, groups=2, dilation=(1, 2))
@@ -327,6 +354,8 @@ extra = {
     "index_put 1-D": lambda: digest(F.index_put(torch.zeros(1000), (big_idx,), big_vals)),
     "histc": lambda: digest(F.histc(big_vals, 1000, -3, 3)),
     "conv_transpose2d": lambda: fwd_bwd(lambda i, k, c: F.conv_transpose2d(i, k, c, 2, 1), x, w, b),
+    "conv_transpose2d subpixel": lambda: fwd_bwd(lambda i, k, c: F.conv_transpose2d(i, k, c, 2, 1,
+                                                                                 construction="subpixel"), x, w, b),
     "torch index_put_ rows": lambda: digest(torch.zeros(1000, 16).index_put_((row_idx,), rows.detach(),
                                                                               accumulate=True)),
     "torch index_put_ 1-D": lambda: digest(torch.zeros(1000).index_put_((big_idx,), big_vals, accumulate=True)),
@@ -359,7 +388,7 @@ def test_one_result_over_ten_runs_in_five_processes_where_pytorch_gives_several(
     # Sums in index order do not depend on the thread count (convolutions do: oneDNN splits the weight gradient),
     # and the sort-based path (CUDA and other devices) gives the same bits as the CPU path.
     for name in ours:
-        if name != "conv_transpose2d":
+        if not name.startswith("conv"):
             assert len({r[name] for r in runs if name in r}) == 1, name
 
 

@@ -472,7 +472,63 @@ def _zero_insertion(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return _Convolution.apply(up, flipped, bias, ([1, 1], [0, 0], dilation, False, [0, 0], groups))
 
 
-_CONSTRUCTIONS = ("native", "zero_insertion")
+def _phases(size: int, out: int, stride: int, padding: int, dilation: int, kernel: int) -> list[tuple]:
+    """Per output phase r (positions q = o + padding with q % stride == r) along one dimension: the kernel taps
+    that reach it (start, step), the input padding (left, right) that makes it a plain dilated correlation, the
+    dilation of the sub-kernel, and the first output position it fills."""
+    step = stride // math.gcd(stride, dilation)
+    found = []
+    for r in range(stride):
+        taps = [t for t in range(kernel) if (t * dilation) % stride == r]
+        first_m = -((r - padding) // stride)  # ceil((padding - r) / stride)
+        last_m = (padding + out - 1 - r) // stride
+        if not taps or last_m < first_m:
+            continue
+        offset = (taps[0] * dilation - r) // stride
+        sub_dilation = dilation // math.gcd(stride, dilation)
+        reach = offset + (len(taps) - 1) * sub_dilation
+        found.append((taps[0], step, reach - first_m, last_m - offset - (size - 1), sub_dilation,
+                      stride * first_m + r - padding))
+    return found
+
+
+def _output_size(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int],
+                 output_padding: list[int], dilation: list[int]) -> tuple[int, int]:
+    sizes = tuple((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
+                  + output_padding[i] + 1 for i in range(2))
+    if min(sizes) < 1:
+        raise ReproError(f"conv_transpose2d: an input of {x.shape[2]}x{x.shape[3]} gives an output of "
+                         f"{sizes[0]}x{sizes[1]}; use less padding or a larger input")
+    return sizes[0], sizes[1]
+
+
+def _subpixel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
+              padding: list[int], output_padding: list[int], groups: int, dilation: list[int]) -> torch.Tensor:
+    """Transposed convolution as stride**2 ordinary convolutions, one per output phase, interleaved: the sums of
+    zero insertion + convolution without the zeros."""
+    n, c, h, w = x.shape
+    cin, cout_g, kh, kw = weight.shape
+    out_h, out_w = _output_size(x, weight, stride, padding, output_padding, dilation)
+    kernel = weight.view(groups, cin // groups, cout_g, kh, kw).transpose(1, 2).reshape(groups * cout_g,
+                                                                                      cin // groups, kh, kw)
+    rows = _phases(h, out_h, stride[0], padding[0], dilation[0], kh)
+    cols = _phases(w, out_w, stride[1], padding[1], dilation[1], kw)
+    # Pad once, by the most any phase needs; each phase convolves a window (a view) of it.
+    top, bottom = max([r[2] for r in rows] + [0]), max([r[3] for r in rows] + [0])
+    left, right = max([c[2] for c in cols] + [0]), max([c[3] for c in cols] + [0])
+    padded = torch.nn.functional.pad(x, (left, right, top, bottom))
+    y = x.new_zeros(n, groups * cout_g, out_h, out_w)
+    for th, sh, pad_t, pad_b, dh, oh in rows:
+        for tw, sw, pad_l, pad_r, dw, ow in cols:
+            window = padded[:, :, top - pad_t: padded.shape[2] - bottom + pad_b,
+                            left - pad_l: padded.shape[3] - right + pad_r]
+            sub = kernel[:, :, th::sh, tw::sw].flip(-2, -1)
+            phase = _Convolution.apply(window, sub, None, ([1, 1], [0, 0], [dh, dw], False, [0, 0], groups))
+            y[:, :, oh :: stride[0], ow :: stride[1]] = phase
+    return y if bias is None else y + bias.view(1, -1, 1, 1)
+
+
+_CONSTRUCTIONS = ("native", "zero_insertion", "subpixel")
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -481,8 +537,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     """Deterministic ``torch.nn.functional.conv_transpose2d`` (same arguments, same weight layout).
 
     ``construction="native"`` runs PyTorch's transposed convolution, forward and backward, with cuDNN's
-    deterministic algorithms selected for this op only; ``"zero_insertion"`` computes the same sums as zero
-    insertion + padding + an ordinary convolution with the flipped kernel (about stride**2 times the work).
+    deterministic algorithms selected for this op only; ``"zero_insertion"`` is zero insertion + padding + an
+    ordinary convolution with the flipped kernel (about stride**2 times the work); ``"subpixel"`` computes the
+    same products without the zeros: one small ordinary convolution per output phase, interleaved. All three run
+    their convolutions in the same deterministic cuDNN scope.
 
     >>> conv_transpose2d(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2), stride=2).shape
     torch.Size([1, 1, 4, 4])
@@ -494,6 +552,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         raise ReproError(f"conv_transpose2d: input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
     stride, padding, output_padding, dilation = (list(_pair(v)) for v in (stride, padding, output_padding,
                                                                           dilation))
+    if construction != "native":
+        _output_size(input, weight, stride, padding, output_padding, dilation)  # the same check as PyTorch's
     if construction == "zero_insertion":
         return _zero_insertion(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if construction == "subpixel":
+        return _subpixel(input, weight, bias, stride, padding, output_padding, groups, dilation)
     return _Convolution.apply(input, weight, bias, (stride, padding, dilation, True, output_padding, groups))

@@ -21,7 +21,7 @@ __all__ = ["ConvTranspose2d", "EmbeddingBag"]
 class ConvTranspose2d(torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` whose forward and backward are deterministic (see ``F.conv_transpose2d``).
 
-    One keyword beyond PyTorch's: ``construction`` ("native" or "zero_insertion").
+    One keyword beyond PyTorch's: ``construction`` ("native", "subpixel" or "zero_insertion").
     """
 
     def __init__(self, *args: Any, construction: str = "native", **kwargs: Any) -> None:
