@@ -202,6 +202,8 @@ class CompileWatch:
     def regions(self, models: dict[str, nn.Module] | None = None) -> list[dict[str, Any]]:
         """The compiled regions as JSON, module regions located among ``models`` (``{prefix: root module}``)."""
         models = models or {}
+        if not self._regions and "torch._dynamo.eval_frame" not in sys.modules:
+            return []
         paths = _module_paths(models)
         for region, target, result in self._targets:
             if region.kind != "module":
@@ -273,6 +275,8 @@ def _module_paths(models: dict[str, nn.Module]) -> dict[int, str]:
 
 
 def _optimized_modules(models: dict[str, nn.Module]) -> list[tuple[str, nn.Module]]:
+    if "torch._dynamo.eval_frame" not in sys.modules:  # nothing was compiled (and importing dynamo costs seconds)
+        return []
     kind = _optimized_module_type()
     return [(".".join(p for p in (prefix, name) if p), m) for prefix, model in models.items()
             for name, m in model.named_modules() if isinstance(m, kind)]
