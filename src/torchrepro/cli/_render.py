@@ -90,7 +90,8 @@ def render_compiled_locate(doc: dict[str, Any]) -> str:
     if region:
         where = f"{region.get('file')}:{region.get('line')}" if region.get("file") else "(call site unknown)"
         path = region.get("module_path")
-        lines.append(f"  region  {region.get('target')} (module path {path!r}), compiled at {where}"
+        what = "the root model" if path == "" else (f"module {path}" if path else "a function")
+        lines.append(f"  region  {region.get('target')} ({what}), compiled at {where}"
                      + (f": {region['code']}" if region.get("code") else ""))
         lines.append(f"          backend {region.get('backend')}, mode {region.get('mode') or 'default'}")
     if op:
