@@ -137,6 +137,7 @@ def test_locate_names_the_compiled_region_the_op_and_its_line(located):
     assert Path(op["file"]).name == EXAMPLE.name and op["line"] == _line_of(EXAMPLE, "TOKEN-EMBEDDING")
     assert loc["eager_deterministic"] is True
     assert loc["measured"]["node_variants"] > 1 and loc["measured"]["eager_variants"] == 1
+    assert loc["measured"]["method"] == "instrumented"
     assert "eager is deterministic here; the compiled kernel is not" in loc["explanation"]
     assert "use_deterministic_algorithms(True)" in loc["fix"] and "torch.compiler.disable" in loc["fix"]
     assert "did not reproduce" not in json.dumps(loc)
@@ -346,3 +347,24 @@ def test_compare_gives_gradient_delta_and_says_when_its_size_is_unknown(tmp_path
         "differ); optimizer state differs from step 2 on (by how much is unknown: no snapshot of that step was kept; "
         "check keeps them for the first 3 steps when they fit in the values budget)")
     assert r.to_json()["value_deltas"] == r.value_deltas and r.to_json()["parameters_identical"] is True
+
+
+@needs_threads
+def test_bisection_over_prefixes_finds_the_kernel_when_instrumentation_is_off(tmp_path):
+    """The fallback for variation that needs the real fusions: compile shorter and shorter prefixes of the graph."""
+    from torchrepro.compiled import measure_graphs
+
+    torch.set_num_threads(2)
+    with CompileWatch(capture={"repeats": 8, "instrument": False}) as watch:
+        torch.manual_seed(0)
+        emb = nn.Embedding(64, 32)
+        f = torch.compile(lambda idx, y: (emb(idx) * y).sum())  # BISECT-LINE
+        f(torch.randint(0, 64, (4, 64)), torch.randn(4, 64, 32)).backward()
+    doc = json.loads(measure_graphs(watch, tmp_path, {"": emb}).read_text())
+    backward = next(g for g in doc["graphs"] if g["kind"] == "backward")
+    assert backward["compiled"] == [] and backward["bisect"]["node"].startswith("_unsafe_masked_index_put")
+    result = locate_compiled([doc], step=1)
+    assert result.verdict == "compiled-kernel" and result.finding.method == "bisection"
+    assert result.op["original_aten"] == "aten.embedding_dense_backward" and result.eager_deterministic is True
+    assert result.op["line"] == _line_of(Path(__file__), "# BISECT-LINE")
+    assert f"bisection over prefixes of the graph ({result.finding.compiles} compiles)" in result.explanation

@@ -456,9 +456,52 @@ def _run_program(program: Any, inputs: list[Any]) -> list[str | None]:
     return [_fp(o) for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
 
 
-def measure_graph(graph: CapturedGraph, repeats: int) -> dict[str, Any]:
+def _prefix(gm: Any, k: int) -> Any:
+    """The graph's first ``k`` ATen calls as a graph of their own, returning the values later nodes still need."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"][:k]
+    keep = set(calls)
+    graph = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" or node in keep:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    live = [env[n] for n in calls
+            if isinstance(n.meta.get("val"), torch.Tensor) and any(u not in keep for u in n.users)]
+    graph.output(tuple(live))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _varies(gm: Any, inputs: list[Any], repeats: int) -> bool:
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    with torch.no_grad():
+        program = compile_fx_inner(gm, [_copy(x) for x in inputs])
+    return len({tuple(_run_program(program, inputs)) for _ in range(repeats)}) > 1
+
+
+def bisect_graph(gm: Any, inputs: list[Any], repeats: int) -> dict[str, Any] | None:
+    """The shortest prefix of the graph whose compiled code varies on identical inputs (each prefix compiled with
+    its own fusions, the way the minifier shrinks a failing graph): its last node is where variation starts.
+    None when even the whole graph, compiled anew, is stable."""
+    n = sum(1 for node in gm.graph.nodes if node.op == "call_function")
+    if not n or not _varies(_prefix(gm, n), inputs, repeats):
+        return None
+    lo, hi, compiles = 0, n, 1  # prefix lo is stable (0: nothing), prefix hi varies
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        compiles += 1
+        if _varies(_prefix(gm, mid), inputs, repeats):
+            hi = mid
+        else:
+            lo = mid
+    node = [x for x in gm.graph.nodes if x.op == "call_function"][hi - 1]
+    return {"node": node.name, "prefix": hi, "compiles": compiles}
+
+
+def measure_graph(graph: CapturedGraph, repeats: int, *, instrument: bool = True) -> dict[str, Any]:
     """Run one captured graph ``repeats`` times on identical copies of its inputs: as compiled, as an
-    instrumented compile (every node an output) and eagerly; fingerprints of everything, as JSON."""
+    instrumented compile (every node an output) and eagerly; fingerprints of everything, as JSON. When the
+    program varies but no instrumented node does, bisect over prefixes of the graph (:func:`bisect_graph`)."""
     inputs = graph.inputs or []
     with contextlib.suppress(AttributeError):
         graph.program._torchrepro_graph = None  # stop capturing: these calls are measurements, not the training
@@ -472,6 +515,8 @@ def measure_graph(graph: CapturedGraph, repeats: int) -> dict[str, Any]:
     try:
         from torch._inductor.compile_fx import compile_fx_inner
 
+        if not instrument:
+            raise RuntimeError("instrumented compile turned off")
         gm2, names = _instrumented(graph.gm)
         with torch.no_grad():
             program2 = compile_fx_inner(gm2, [_copy(x) for x in inputs])
@@ -481,6 +526,12 @@ def measure_graph(graph: CapturedGraph, repeats: int) -> dict[str, Any]:
             doc["compiled"].append(dict(zip(names, fps)) | doc["inputs"])
     except Exception as exc:  # noqa: BLE001 - the whole-program measurement still stands
         doc["errors"].append(f"instrumented compile failed: {type(exc).__name__}: {str(exc)[:300]}")
+    node_varies = any(len({r.get(k) for r in doc["compiled"]}) > 1 for k in (doc["compiled"] or [{}])[0])
+    if len({tuple(p) for p in doc["program"]}) > 1 and not node_varies:
+        try:
+            doc["bisect"] = bisect_graph(graph.gm, inputs, repeats)
+        except Exception as exc:  # noqa: BLE001
+            doc["errors"].append(f"bisection failed: {type(exc).__name__}: {str(exc)[:300]}")
     for _ in range(min(repeats, 3)):
         try:
             doc["eager"].append(_eager_nodes(graph.gm, inputs))
@@ -493,11 +544,12 @@ def measure_graph(graph: CapturedGraph, repeats: int) -> dict[str, Any]:
 def measure_graphs(watch: CompileWatch, run_dir: str | Path, models: dict[str, nn.Module] | None = None) -> Path:
     """Measure every captured graph that ran (see :func:`measure_graph`) and write ``compiled_graphs.json``."""
     repeats = int((watch.capture or {}).get("repeats", DEFAULT_REPEATS))
+    instrument = bool((watch.capture or {}).get("instrument", True))
     graphs = sorted((g for g in watch.graphs if g.inputs is not None), key=lambda g: g.order)
     docs = []
     for g in graphs:
         try:
-            docs.append(measure_graph(g, repeats))
+            docs.append(measure_graph(g, repeats, instrument=instrument))
         except Exception as exc:  # noqa: BLE001 - say so in the file; compilelocate reports it
             docs.append({"region": g.region, "kind": g.kind, "order": g.order, "nodes": [], "program": [],
                          "compiled": [], "eager": [], "inputs": {},

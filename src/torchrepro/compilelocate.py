@@ -72,6 +72,8 @@ class GraphFinding:
     eager_graph_deterministic: bool | None = None
     errors: list[str] = field(default_factory=list)
     context: list[dict[str, Any]] = field(default_factory=list)
+    method: str | None = None  # "instrumented" (every node an output) or "bisection" (over prefixes of the graph)
+    compiles: int = 0  # compiles the bisection took
 
 
 def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
@@ -86,14 +88,14 @@ def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
     if eager:
         finding.eager_graph_deterministic = all(len({r.get(k) for r in eager}) == 1 for k in eager[0])
     if not compiled:
-        return finding
+        return _bisected(finding, pooled, nodes, eager)
     constant = {name for name in compiled[0] if _node_variants(compiled, name) == 1}
     for i, node in enumerate(nodes):
         name = node["name"]
         if name not in compiled[0] or name in constant:
             continue
         if all(a in constant or a not in compiled[0] for a in node.get("args", [])):
-            finding.origin = node
+            finding.origin, finding.method = node, "instrumented"
             finding.origin_variants = _node_variants(compiled, name)
             if eager and name in eager[0]:
                 finding.eager_variants = _node_variants(eager, name)
@@ -103,7 +105,20 @@ def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
                  "inputs_equal": all(a in constant or a not in compiled[0] for a in n.get("args", [])),
                  "outputs_equal": n["name"] in constant or n["name"] not in compiled[0]}
                 for j, n in enumerate(nodes) if abs(j - i) <= 4]
-            break
+            return finding
+    return _bisected(finding, pooled, nodes, eager)
+
+
+def _bisected(finding: GraphFinding, pooled: list[dict[str, Any]], nodes: list[dict[str, Any]],
+              eager: list[dict[str, Any]]) -> GraphFinding:
+    """The node a bisection over prefixes of the graph found (when the instrumented compile isolated none)."""
+    bisected = next((g["bisect"] for g in pooled if g.get("bisect")), None)
+    node = next((n for n in nodes if bisected and n["name"] == bisected["node"]), None)
+    if node is not None:
+        finding.origin, finding.method, finding.compiles = node, "bisection", int(bisected.get("compiles", 0))
+        finding.origin_variants = finding.program_variants
+        if eager and node["name"] in eager[0]:
+            finding.eager_variants = _node_variants(eager, node["name"])
     return finding
 
 
@@ -159,6 +174,10 @@ class CompiledLocateResult:
                            "ATen op by ATen op, gave identical bits every time).",
                      False: "eager PyTorch also varies here (the same op run eagerly gave different bits).",
                      None: "eager was not measured for this op."}[self.eager_deterministic]
+            if self.finding.method == "bisection":  # type: ignore[union-attr]
+                return (f"In {traced}, the compiled graph gave {self.finding.origin_variants} different results "  # type: ignore[union-attr]
+                        f"for identical inputs; bisection over prefixes of the graph ({self.finding.compiles} "  # type: ignore[union-attr]
+                        f"compiles) found that the variation starts at {name}: {eager}")
             return (f"In {traced}, {name} gave {self.finding.origin_variants} different results for identical "  # type: ignore[union-attr]
                     f"inputs, in the code inductor generated for it: {eager}")
         if self.verdict == "compiled-graph":
@@ -212,7 +231,8 @@ class CompiledLocateResult:
             "deterministic_kernel": None, "repeats": self.repeats, "processes": self.processes,
             "measured": None if f is None else {
                 "graph": f.kind, "nodes": f.nodes, "program_variants": f.program_variants,
-                "node_variants": f.origin_variants, "eager_variants": f.eager_variants,
+                "node_variants": f.origin_variants, "eager_variants": f.eager_variants, "method": f.method,
+                "compiles": f.compiles,
                 "eager_graph_deterministic": f.eager_graph_deterministic, "runs_pooled": f.runs_pooled},
             "graphs": [{"region": g.region, "kind": g.kind, "nodes": g.nodes, "program_variants": g.program_variants,
                         "origin": g.origin.get("name") if g.origin else None, "errors": g.errors}
