@@ -15,7 +15,8 @@ Two jobs, both done from inside the recorded process:
   program's real inputs (the last call's are kept). When the run ends (after the first divergent step),
   :func:`measure_graphs` runs each program several times on identical copies of its inputs, compiles an
   instrumented copy of the graph whose every intermediate value is an output (to see which node's kernel
-  varies), runs the graph eagerly node by node, and writes fingerprints of everything to ``compiled_graphs.json``.
+  varies; when none does, :func:`bisect_graph` compiles shorter and shorter prefixes of the graph), runs the graph
+  eagerly node by node, and writes fingerprints of everything to ``compiled_graphs.json``.
   :mod:`torchrepro.compilelocate` compares them (within a process and between two re-runs).
 
 Example:

@@ -6,7 +6,9 @@ measure them at the first divergent step (:mod:`torchrepro.compiled` writes ``co
 
 1. the compiled program of each graph, run R times on identical copies of its real inputs;
 2. an instrumented compile of the same graph whose every intermediate node is an output, run R times;
-3. the graph run eagerly, ATen op by ATen op.
+3. the graph run eagerly, ATen op by ATen op;
+4. when the program varies but no instrumented node does: a bisection over prefixes of the graph, each compiled
+   with its own fusions, naming the node where the variation starts.
 
 Here the measurements of both re-runs are compared (within each process, and between them when the graph's
 inputs are equal): the **origin** is the first node of the instrumented compile whose output bits vary while all
