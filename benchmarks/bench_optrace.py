@@ -66,7 +66,7 @@ def main() -> int:
     for name, t in times.items():
         print(f"  {name:<30} {t * 1e3:8.2f} ms   {t / base:5.2f}x")
     ratio = times["torchrepro tracer"] / base
-    print(f"traced / untraced step = {ratio:.2f}x  (target <= 1.3x) {"OK" if ratio <= 1.3 else "MISSED"}"
+    print(f"traced / untraced step = {ratio:.2f}x  (target <= 1.3x) {'OK' if ratio <= 1.3 else 'MISSED'}"
           f"   [{counts.get('ops')} ops traced]")
     if "DebugMode+log_tensor_hashes" in times:
         ours = times["torchrepro tracer"] - base

@@ -44,6 +44,9 @@ def test_index_put_origin_with_module_phase_and_line(tmp_path):
     assert "index_put_" in op["code"]
     assert loc["deterministic_kernel"].startswith("yes")
     assert "--deterministic" in loc["fix"]
+    assert loc["alternatives"] == ["unique indices, or torchrepro.nn.functional.index_put"]  # from the registry
+    assert loc["fix"].endswith("Deterministic without global deterministic mode: unique indices, or "
+                               "torchrepro.nn.functional.index_put.")
     table = Path(loc["op_table"]).read_text()
     assert "=>" in table and "aten.index_put_" in table
     assert (tmp_path / "out" / "locate.json").is_file()

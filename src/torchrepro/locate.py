@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .registry import nondeterministic_ops
+
 # What torch.use_deterministic_algorithms(True) does for ops known to be nondeterministic, per device, taken
 # from the op list in PyTorch's documentation of that function. "deterministic": a deterministic kernel is
 # selected; "raises": no deterministic kernel exists and the op raises; "default": already deterministic.
@@ -79,6 +81,12 @@ VERDICTS = {
 }
 
 
+def alternatives(op: str, device: str) -> list[str]:
+    """Deterministic replacements the registry (:mod:`torchrepro.registry`) names for ``op`` on ``device``."""
+    found = {e.alternative for e in nondeterministic_ops(device) if e.op == op and e.alternative}
+    return sorted(a for a in found if not any(a != b and a in b for b in found))  # "x" is part of "y, or x"
+
+
 def deterministic_kernel(op: str, device: str) -> str:
     """What ``torch.use_deterministic_algorithms(True)`` does for ``op`` on ``device``."""
     behaviour = _KNOWN.get(op, {}).get(device)
@@ -112,17 +120,23 @@ class LocateResult:
         return deterministic_kernel(self.op_a["op"], self.device) if self.verdict == "origin" and self.op_a else None
 
     @property
+    def alternatives(self) -> list[str]:
+        return alternatives(self.op_a["op"], self.device) if self.verdict == "origin" and self.op_a else []
+
+    @property
     def fix(self) -> str:
         op = self.op_a["op"] if self.op_a else ""
         where = f" ({_where(self.op_a)})" if self.op_a else ""
         if self.verdict == "origin":
+            alts = self.alternatives
+            instead = f" Deterministic without global deterministic mode: {'; '.join(alts)}." if alts else ""
             if _KNOWN.get(op, {}).get(self.device) == _R:
                 return (f"{op} has no deterministic kernel on {self.device}: replace it{where} with an equivalent "
                         "that has one (e.g. sort + segment reduction, or compute it on CPU), or accept and bound "
-                        "the difference.")
+                        "the difference." + instead)
             return (f"Run with deterministic mode: `torchrepro check --deterministic -- ...`, or call "
                     f"torchrepro.deterministic() before training; {op}{where} then uses a deterministic kernel "
-                    "(or raises if it has none).")
+                    "(or raises if it has none)." + instead)
         if self.verdict == "rng":
             return (f"The random numbers drawn by {op}{where} differ between runs: seed the generator it uses "
                     "(torch.Generator().manual_seed(SEED) instead of .seed()), or draw from the global RNG "
@@ -145,7 +159,8 @@ class LocateResult:
     def to_json(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "title": self.title, "step": self.step, "op_index": self.index,
                 "op": self.op_a, "op_other_run": self.op_b, "deterministic_kernel": self.deterministic_kernel,
-                "fix": self.fix, "ops_traced": list(self.ops_traced), "traced_steps": self.traced_steps,
+                "fix": self.fix, "alternatives": self.alternatives, "ops_traced": list(self.ops_traced),
+                "traced_steps": self.traced_steps,
                 "device": self.device, "context": self.context}
 
 
