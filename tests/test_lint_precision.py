@@ -21,7 +21,8 @@ def _found(result) -> list[tuple[str, int, int, str]]:
 def test_bundled_examples_lint_as_expected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     result = lint_paths(["examples"], LintConfig(base=ROOT))
-    assert result.files == ["examples/cnn_train.py", "examples/demo.py", "examples/scatter_gnn.py",
+    assert result.files == ["examples/cnn_train.py", "examples/compiled_embedding.py", "examples/demo.py",
+                            "examples/scatter_gnn.py",
                             "examples/unseeded_augmentation.py", "examples/unseeded_init.py"]
     assert _found(result) == [
         # seeded, but cuDNN convolutions and adaptive pooling are nondeterministic on CUDA without
