@@ -2,7 +2,7 @@
 
 Target: check <= 2.3x one plain `python script.py` (the floor is 2x: two runs). Pairs are interleaved so that
 machine noise hits both alike; the median of the pairs' times is printed, with the parts that explain the
-rest: the parent's start-up (`python -m torchrepro --version`) and a bare `import torch`.
+rest: the parent's start-up (`python -m torchrepro check --help`) and a bare `import torch`.
 Run: python benchmarks/bench_check_wall.py [pairs=4]
 """
 
@@ -51,7 +51,7 @@ def main() -> int:
             "plain run": [py, str(script)],
             "torchrepro check": [py, "-m", "torchrepro", "check", "--out", str(Path(tmp) / "out"), "--",
                                  py, str(script)],
-            "parent start-up": [py, "-m", "torchrepro", "--version"],
+            "parent start-up": [py, "-m", "torchrepro", "check", "--help"],
             "import torch": [py, "-c", "import torch"],
         }
         _time(variants["plain run"])  # warm the file cache

@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((word for word in argv if not word.startswith("-")), None)
-    parser = build_parser([LIGHT[first]] if first in LIGHT else None)
+    # Only the named subcommand's module is imported (the others may import torch); --help and typos get all.
+    parser = build_parser([f"{first}_cmd"] if first is not None and f"{first}_cmd" in COMMANDS else None)
     as_json = _wants_json(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
     try:
