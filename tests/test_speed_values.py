@@ -155,3 +155,22 @@ def test_bad_values_budget_is_a_usage_error(tmp_path):
     assert "expected a size in bytes such as 4G, 512M or 1073741824, got 'lots'" in p.stderr
     p = _cli("run", "--values-budget", "1G", "--", "python", MANUAL)
     assert p.returncode == 2 and "--values-budget limits the value snapshots of a recorded run" in p.stderr
+
+
+def test_check_starts_its_first_run_before_importing_torch(tmp_path):
+    """The parent's torch import (1.5 s) overlaps run 1 instead of preceding it (issue 14: check wall time)."""
+    code = f"""
+import sys
+import torchrepro.cli.check_cmd as cc
+cc.prefetch_analysis = lambda: None   # the background import would race with this check
+
+def launch(*args, **kwargs):
+    print("torch imported before run 1:", "torch" in sys.modules)
+    raise SystemExit(0)
+
+cc.launch = launch
+from torchrepro.cli import main
+main(["check", "--out", {str(tmp_path / "out")!r}, "--", "python", {MANUAL!r}])
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout.strip() == "torch imported before run 1: False", p.stderr

@@ -49,13 +49,9 @@ from .fingerprint import (
     usage_mark,
 )
 from .optrace import OpTracer
-from .store import OPS, VALUES, TraceWriter, write_manifest
+from .store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, VALUES, TraceWriter, write_manifest  # noqa: F401
 
 DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
-# `check` also keeps gradients and optimizer state (values/grads_N.pt, values/state_N.pt) of the first steps, within
-# the values budget, so that it can say how large their difference is while the parameters are still identical.
-GRAD_VALUE_STEPS = 3
-GRAD_VALUES_ENV = "TORCHREPRO_GRAD_VALUE_STEPS"  # how many steps' gradients the launched recorder keeps (default 0)
 
 
 class MaxStepsReached(SystemExit):

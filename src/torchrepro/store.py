@@ -34,6 +34,10 @@ VERSION = 1
 MANIFEST = "manifest.json"
 TRACE = "trace.jsonl"
 VALUES = "values"
+# `check` also keeps gradients and optimizer state (values/grads_N.pt, values/state_N.pt) of the first steps, within
+# the values budget, so that it can say how large their difference is while the parameters are still identical.
+GRAD_VALUE_STEPS = 3
+GRAD_VALUES_ENV = "TORCHREPRO_GRAD_VALUE_STEPS"  # how many steps' gradients the launched recorder keeps (default 0)
 OPS = "ops.jsonl"
 
 

@@ -17,7 +17,7 @@ from .._io import atomic_write_json
 from ..errors import EnvFileError, Interrupted, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command, ranks_command
 from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
-from ..store import OPS, Run, load_run
+from ..store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, Run, load_run
 from .run_cmd import add_launch_options, positive_int, runs_arg
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
@@ -315,8 +315,6 @@ def run(args: argparse.Namespace) -> int:
         return run_ranks_check(args, command, nproc)
     parse_python_command(command)  # a bad command is refused before any directory is made
     out = output_dir(args.out, "check")
-    from ..record import GRAD_VALUE_STEPS, GRAD_VALUES_ENV
-
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget,
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
