@@ -174,3 +174,25 @@ main(["check", "--out", {str(tmp_path / "out")!r}, "--", "python", {MANUAL!r}])
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "torch imported before run 1: False", p.stderr
+
+
+def test_check_samples_value_snapshots_on_a_fixed_schedule(tmp_path):
+    """check's runs snapshot steps 1-16, then 8 per doubling: the same steps in every run, O(log n) files."""
+    torch.manual_seed(0)
+    model = nn.Linear(50, 40)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rec = Recorder(tmp_path / "r", models={"": model}, keep_values=True, values_budget=1 << 30,
+                   value_schedule="sampled").install()
+    try:
+        for _ in range(70):
+            model(torch.ones(2, 50)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        summary = rec.finish()
+    steps = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48,
+             52, 56, 60, 64]
+    assert summary["values_saved"] == ["init", *(f"step_{n:06d}" for n in steps), "final"]
+    assert summary["values_skipped"] == 0 and summary["steps"] == 70
+    with pytest.raises(ValueError, match="value_schedule must be one of \\['every', 'sampled'\\], got 'often'"):
+        Recorder(tmp_path / "x", value_schedule="often")

@@ -214,6 +214,7 @@ class LaunchOptions:
     max_steps: int | None = None
     keep_values: bool = False
     values_budget: int | None = None  # bytes of value snapshots per run (None: the recorder's default)
+    value_schedule: str = "every"  # which steps get value snapshots: every | sampled (see record.sampled_step)
     trace_steps: list[int] | None = None  # [first, last] steps to trace op by op (see optrace)
     trace_mode: str = "optimizer"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -624,6 +625,7 @@ def _child_main(argv: list[str]) -> int:
     if opts.record:
         budget = {} if opts.values_budget is None else {"values_budget": opts.values_budget}
         recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps, **budget,
+                            value_schedule=opts.value_schedule,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
     kind, target, args = argv[0], argv[1], argv[2:]

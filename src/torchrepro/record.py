@@ -75,6 +75,21 @@ def _float_hex(t: torch.Tensor) -> str | None:
         return None
 
 
+def sampled_step(n: int) -> bool:
+    """Whether step ``n`` gets a value snapshot under ``value_schedule="sampled"`` (what ``check`` uses).
+
+    Every step up to 16, then 8 steps per doubling (17, 18, 20, ..., 32, 36, ..., 64, 72, ...): the same steps in
+    every run, so compared runs have the same snapshots; a long run costs O(log steps) snapshots.
+
+    >>> [n for n in range(1, 65) if sampled_step(n)][14:]
+    [15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64]
+    """
+    return n <= 16 or n % (1 << (n.bit_length() - 4)) == 0
+
+
+_SCHEDULES = {"every": lambda n: True, "sampled": sampled_step}
+
+
 def _env_int(name: str) -> int:
     try:
         return max(0, int(os.environ.get(name, "0") or 0))
@@ -211,6 +226,8 @@ class Recorder:
         run_dir: where ``trace.jsonl`` and ``values/`` go.
         models: ``{prefix: module}`` giving parameter names; None discovers the root modules at the first step.
         keep_values: also save parameter values per step (needed for max |Δ weight| and ULP distances).
+        value_schedule: ``"every"`` step, or ``"sampled"`` (:func:`sampled_step`: steps 1-16, then 8 per doubling;
+            what ``check`` uses, so that value snapshots stay a small share of a long run's time).
         max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps: optimizer
             steps, or, when no ``torch.optim`` optimizer exists, ``backward()`` calls (raised as the next
             ``backward()`` starts, so the hand update of the last step is done and recorded in ``final``).
@@ -234,6 +251,7 @@ class Recorder:
         timing: bool = False,
         check_ranks_every: int | None = None,
         grad_value_steps: int | None = None,
+        value_schedule: str = "every",
     ) -> None:
         self.trace = TraceWriter(run_dir)
         # with keep_values: gradient and optimizer-state snapshots of the first N steps (None: $GRAD_VALUES_ENV or 0)
@@ -251,6 +269,9 @@ class Recorder:
         self._optimizers_exist: bool | None = None
         self._warned: set[str] = set()
         self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
+        if value_schedule not in _SCHEDULES:
+            raise ValueError(f"value_schedule must be one of {sorted(_SCHEDULES)}, got {value_schedule!r}")
+        self._snapshot_due = _SCHEDULES[value_schedule]
         self._compile_watch = CompileWatch.from_env()  # torch.compile calls (and graph capture for --locate)
         self.steps = 0
         self.backward_calls = 0
@@ -411,7 +432,7 @@ class Recorder:
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
         }
         self._batches_since_backward = []
-        if self.values is not None and params:
+        if self.values is not None and params and self._snapshot_due(self.backward_calls):
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
             self._submit_grads(self.backward_calls, params, {})
         self.trace.write(event)
@@ -458,7 +479,8 @@ class Recorder:
         self._pending_losses, self._pending_batches, self._batches_since_backward = [], [], []
         self.trace.write(event)
         if self.values is not None:
-            self.values.submit(f"step_{self.steps:06d}", params)
+            if self._snapshot_due(self.steps):
+                self.values.submit(f"step_{self.steps:06d}", params)
             self._submit_grads(self.steps, params, state)
         if self.trace_mode == "optimizer":
             self._trace_boundary(self.steps + 1)

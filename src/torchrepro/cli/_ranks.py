@@ -65,7 +65,8 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
                            "directories with `torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget, nproc_per_node=nproc, rank_output=True)
+                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
+                         nproc_per_node=nproc, rank_output=True)
     what = f"`{' '.join(args.user_command)}`"
     with lock_dir(out):
         dirs = execute_runs(command, out, args.runs, opts)

@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     parse_python_command(command)  # a bad command is refused before any directory is made
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget,
+                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
     with lock_dir(out):
         dirs = execute_runs(command, out, args.runs, opts)
