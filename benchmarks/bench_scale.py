@@ -47,7 +47,7 @@ def _measure(size: str) -> dict:
         step()
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tmp = Path(tempfile.mkdtemp(prefix="torchrepro-scale-"))
-    rec = Recorder(tmp / "run", models={"": model}, keep_values=True)
+    rec = Recorder(tmp / "run", models={"": model}, keep_values=True, value_schedule="sampled")  # as check records
     per_round = 2
 
     def recorded() -> None:
