@@ -286,3 +286,14 @@ def test_atomic_writes_respect_the_umask(tmp_path):
         assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o640
     finally:
         os.umask(old)
+
+
+def test_a_compiled_locate_rerun_directory_is_torchrepro_output(tmp_path):
+    """`check --locate` on compiled code leaves compiled_graphs.json in its re-runs: a later check may replace them."""
+    from torchrepro.outdir import check_run_dir
+
+    run = tmp_path / "run1"
+    run.mkdir()
+    for name in ("manifest.json", "trace.jsonl", "compiled_graphs.json", "stdout.txt", "stderr.txt"):
+        (run / name).write_text("{}")
+    check_run_dir(run, flag="--out")  # does not raise

@@ -42,9 +42,10 @@ from torch import nn
 
 from ._io import atomic_write_json
 from .fingerprint import fingerprint
+from .outdir import GRAPHS
 
 CAPTURE_ENV = "TORCHREPRO_COMPILE_CAPTURE"  # JSON {"repeats": R}: capture graphs and measure them at the end
-GRAPHS_FILE = "compiled_graphs.json"
+GRAPHS_FILE = GRAPHS  # outdir knows it as torchrepro's own output
 DEFAULT_REPEATS = 8
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)

@@ -28,7 +28,8 @@ from .errors import OutputDirError
 
 LOCK = ".torchrepro.lock"
 MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl", "values", "child.json"
-RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, "stdout.txt", "stderr.txt", LOCK}
+GRAPHS = "compiled_graphs.json"  # measurements of torch.compile'd graphs in a --locate re-run (see compiled.py)
+RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "stdout.txt", "stderr.txt", LOCK}
 CHECK_FILES = {"check.json", "check.png", "locate.json", "locate_ops.txt", LOCK}
 RUN_NAME = re.compile(r"run\d+")
 RANK_NAME = re.compile(r"rank\d+")  # one rank's run directory inside a run of several ranks (torchrun)
