@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
+from typing import Any
 
+import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 
 def discover_models() -> dict[str, nn.Module]:
@@ -38,3 +42,53 @@ def optimizers_exist() -> bool:
     from torch.optim import Optimizer
 
     return any(issubclass(type(o), Optimizer) for o in gc.get_objects())  # type(): no __class__ lookups
+
+
+class ModuleContext:
+    """Global hooks that say, while an op runs, which module's forward it is in and whether an optimizer step is.
+
+    Used by the op tracer and the scanner. ``name_of(module)`` gives a module's path for :attr:`path`.
+
+    >>> ctx = ModuleContext(lambda m: type(m).__name__).install()
+    >>> _ = nn.Linear(2, 2)(torch.ones(2)); ctx.path   # outside any forward again
+    ''
+    >>> ctx.remove()
+    """
+
+    def __init__(self, name_of: Callable[[nn.Module], str]) -> None:
+        self.name_of = name_of
+        self.stack: list[str] = []
+        self.in_optimizer = 0
+        self._handles: list[Any] = []
+
+    @property
+    def path(self) -> str:
+        """The innermost running module's path, "" outside every forward."""
+        return self.stack[-1] if self.stack else ""
+
+    def install(self) -> ModuleContext:
+        def pre(mod: nn.Module, args: Any) -> None:
+            self.stack.append(self.name_of(mod))
+
+        def post(mod: nn.Module, args: Any, out: Any) -> None:
+            if self.stack:
+                self.stack.pop()
+
+        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+            self.in_optimizer += 1
+
+        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+            self.in_optimizer = max(0, self.in_optimizer - 1)
+
+        mm = torch.nn.modules.module
+        self._handles = [mm.register_module_forward_pre_hook(pre),
+                         mm.register_module_forward_hook(post, always_call=True),  # pops after an exception too
+                         register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.stack.clear()
+        self.in_optimizer = 0

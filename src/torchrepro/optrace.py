@@ -25,11 +25,10 @@ from typing import IO, Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._modules import discover_models
+from ._modules import ModuleContext, discover_models
 from .errors import RunDirError
 from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many
 
@@ -273,10 +272,8 @@ class OpTracer:
         self.site: tuple[str, int, str] | None = None
         self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
         self.nodes: list[Any] = []
-        self._stack: list[str] = []
         self._names: dict[int, str] = {}
-        self._phase_opt = 0
-        self._handles: list[Any] = []
+        self._context = ModuleContext(self._module_name)
         self._modes: list[Any] = []
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
@@ -286,10 +283,17 @@ class OpTracer:
 
     # --- context ------------------------------------------------------------------------------------
     def module_path(self) -> str:
-        return self._stack[-1] if self._stack else ""
+        return self._context.path
+
+    def _module_name(self, mod: nn.Module) -> str:
+        name = self._names.get(id(mod))
+        if name is None:  # a module created after tracing started: look the models up again, once
+            self._refresh_names()
+            name = self._names.setdefault(id(mod), type(mod).__name__)
+        return name
 
     def _phase(self) -> str:
-        if self._phase_opt:
+        if self._context.in_optimizer:
             return "optimizer"
         return "backward" if torch._C._current_autograd_node() is not None else "forward"
 
@@ -330,28 +334,7 @@ class OpTracer:
         if self.path is not None and self._file is None:
             mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
             self._file = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        tr = self
-
-        def pre(mod: nn.Module, args: Any) -> None:
-            name = tr._names.get(id(mod))
-            if name is None:  # a module created after tracing started: look the models up again, once
-                tr._refresh_names()
-                name = tr._names.setdefault(id(mod), type(mod).__name__)
-            tr._stack.append(name)
-
-        def post(mod: nn.Module, args: Any, out: Any) -> None:
-            if tr._stack:
-                tr._stack.pop()
-
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            tr._phase_opt += 1
-
-        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
-            tr._phase_opt = max(0, tr._phase_opt - 1)
-
-        mm = torch.nn.modules.module
-        self._handles = [mm.register_module_forward_pre_hook(pre), mm.register_module_forward_hook(post),
-                         register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+        self._context.install()
         self._modes = [_Function(self), _Dispatch(self)]
         for m in self._modes:
             m.__enter__()
@@ -371,10 +354,8 @@ class OpTracer:
             return
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
-        for h in self._handles:
-            h.remove()
-        self._modes, self._handles = [], []
-        self._stack.clear()
+        self._context.remove()
+        self._modes = []
         self.node_sites.clear()
         self.nodes.clear()
         self.fps.clear()

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._io import atomic_write_json
-from ._modules import discover_models, optimizers_exist
+from ._modules import ModuleContext, discover_models, optimizers_exist
 from ._table import render_table
 from .errors import ReproError
 from .registry import match
@@ -280,11 +280,9 @@ class Scanner:
         self._match = match
         self._found: dict[tuple, list[Any]] = {}  # (op, phase, module, file, line, when) -> [count, entry, devices]
         self._errors: dict[str, str] = {}
-        self._stack: list[str] = []
         self._names: dict[int, str] = {}
         self._lookups_left = 8  # modules created in forward (nn.ReLU()(x)) must not cost a gc scan each
-        self._in_optimizer = 0
-        self._handles: list[Any] = []
+        self._context = ModuleContext(self._module_name)
         self._modes: list[Any] = []
 
     # --- where an op is -------------------------------------------------------------------------------
@@ -301,7 +299,7 @@ class Scanner:
 
     def _where(self) -> tuple[str, str, str | None, int | None]:
         """(phase, module, file, line) of the op being dispatched."""
-        if self._in_optimizer:
+        if self._context.in_optimizer:
             site = _user_frame(3)
             return "optimizer", "", site[0] if site else None, site[1] if site else None
         node = torch._C._current_autograd_node()
@@ -312,7 +310,7 @@ class Scanner:
                 file, line, module = None, None, ""
             return "backward", module, file, line
         site = _user_frame(3)
-        return "forward", self._stack[-1] if self._stack else "", site[0] if site else None, site[1] if site else None
+        return "forward", self._context.path, site[0] if site else None, site[1] if site else None
 
     def see(self, func: Any, args: tuple, kwargs: dict) -> None:
         name = _OP_NAMES.get(func)
@@ -353,7 +351,7 @@ class Scanner:
             if site is None:
                 frame = _user_frame(3)
                 site = (frame[0] if frame else None, frame[1] if frame else None,
-                        self._stack[-1] if self._stack else "")
+                        self._context.path)
             meta[_NODE_KEY] = site
             todo.extend(fn for fn, _ in node.next_functions)
 
@@ -362,25 +360,7 @@ class Scanner:
         if self._modes:
             self.recording = True
             return self
-        sc = self
-
-        def pre(mod: nn.Module, args: Any) -> None:
-            sc._stack.append(sc._module_name(mod))
-
-        def post(mod: nn.Module, args: Any, out: Any) -> None:
-            if sc._stack:
-                sc._stack.pop()
-
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
-            sc._in_optimizer += 1
-
-        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
-            sc._in_optimizer = max(0, sc._in_optimizer - 1)
-
-        mm = torch.nn.modules.module
-        self._handles = [mm.register_module_forward_pre_hook(pre),
-                         mm.register_module_forward_hook(post, always_call=True),
-                         register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+        self._context.install()
         for mode in (_Function(self), _Dispatch(self)):
             try:
                 mode.__enter__()
@@ -395,11 +375,8 @@ class Scanner:
         self.recording = False
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
-        for h in self._handles:
-            h.remove()
-        self._modes, self._handles = [], []
-        self._stack.clear()
-        self._in_optimizer = 0
+        self._context.remove()
+        self._modes = []
 
     def __enter__(self) -> Scanner:
         return self.start()
