@@ -336,7 +336,18 @@ def _digest_xxh3(t: torch.Tensor) -> str:
     check_fingerprintable(t)
     flat = _flat_bits(t)
     buf = (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
-    return xxhash.xxh3_128_hexdigest(_header(t) + b"|" + _xxh3_parts(buf))
+    parts = xxhash.xxh3_128_digest(buf) if 0 < buf.size <= CHUNK else _xxh3_parts(buf)  # one chunk: no loop
+    return xxhash.xxh3_128_hexdigest(_header(t) + b"|" + parts)
+
+
+def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
+    """``fingerprint(t)`` for a plain strided CPU tensor, with the least Python work (the op tracer's hot
+    path); ``None`` for every other tensor (other devices, sparse, quantized, nested, or no ``xxhash``)."""
+    if (xxhash is None or np is None or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
+            or t.is_nested):
+        return None
+    _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
+    return _digest_xxh3(t)
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import io
 import json
 import os
@@ -630,6 +631,7 @@ def _child_main(argv: list[str]) -> int:
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
+    freeze_heap()  # only import-time objects so far: the script's own stay collectable
     code = 0
     stopped = False
     try:
@@ -665,6 +667,18 @@ def _child_main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze()``).
+
+    Called in the child just before the script runs, when the heap holds only what imports made (torch alone
+    is ~200k objects), and by the CLI when its work is done. Interpreter shutdown runs full collections over
+    every tracked object: for the MLP of ``benchmarks/bench_check_wall.py`` that took 0.75 s of exit time, 0.35 s
+    with the import-time objects frozen. The script's own objects stay collectable, so its atexit handlers,
+    unclosed files and finalizers behave exactly as under plain ``python``.
+    """
+    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._modules import ModuleContext, discover_models
 from .errors import RunDirError
-from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many
+from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many, plain_cpu_fingerprint
 
 # Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
 RNG_OPS = frozenset({
@@ -128,29 +128,40 @@ class _FpCache:
         out: list[str | None] = []
         todo: list[int] = []
         for i, t in enumerate(tensors):
+            fp = None
             try:
-                check_fingerprintable(t)
+                if t.layout is not torch.strided or t.is_nested or t.is_meta:
+                    check_fingerprintable(t)  # raises with the reason, or lets a readable tensor through
+                if not fresh:
+                    hit = self._cache.get(self._key(t))
+                    if hit is not None and hit[1] == _version(t) and not hit[0].expired():
+                        fp = hit[2]
+                if fp is None:
+                    fp = plain_cpu_fingerprint(t)  # most tensors: hashed right here
+                    if fp is not None:
+                        self._remember(t, fp, fresh)
             except UnfingerprintableError as exc:
-                out.append(f"unfingerprintable: {exc}")
-                continue
-            hit = None if fresh else self._cache.get(self._key(t))
-            if hit is not None and hit[1] == _version(t) and not hit[0].expired():
-                out.append(hit[2])
-            else:
-                out.append(None)
+                fp = f"unfingerprintable: {exc}"
+            except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
+                fp = f"unfingerprintable: {type(exc).__name__}"
+            if fp is None:
                 todo.append(i)
-        if todo:
+            out.append(fp)
+        if todo:  # other devices: one fingerprint_many call copies two words per tensor back, once per device
             try:
                 fps = fingerprint_many([tensors[i] for i in todo])
-            except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
+            except Exception as exc:
                 fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
             for i, fp in zip(todo, fps):
                 out[i] = fp
-                if fresh:  # an op output: an in-place op's version bump happens after it returns
-                    self._pending.append((tensors[i], fp))
-                else:
-                    self._put(tensors[i], fp)
+                self._remember(tensors[i], fp, fresh)
         return out  # type: ignore[return-value]
+
+    def _remember(self, t: torch.Tensor, fp: str, fresh: bool) -> None:
+        if fresh:  # an op output: an in-place op's version bump happens after it returns
+            self._pending.append((t, fp))
+        else:
+            self._put(t, fp)
 
     def commit(self) -> None:
         """Cache the outputs of the previous op, now that any in-place version bump has happened."""
@@ -179,6 +190,7 @@ class _FpCache:
 
 
 _OP_NAMES: dict[Any, str] = {}
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(separators=) makes one per call
 
 
 class _Dispatch(TorchDispatchMode):
@@ -313,7 +325,7 @@ class OpTracer:
                  "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
         self.count += 1
         if self._file is not None:  # the file leaves out the line's text: add_code() fills it in when read
-            self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            self._file.write(_encode(entry) + "\n")
         if self.keep:
             entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
             self.ops.append(entry)

@@ -118,4 +118,8 @@ def _fail(command: str | None, as_json: bool, prefix: str, message: str, exit_co
 
 
 def console_main() -> int:
-    return main()
+    code = main()
+    from ..launcher import freeze_heap
+
+    freeze_heap()  # after check/diff the parent holds torch and matplotlib: exit without long collections
+    return code
