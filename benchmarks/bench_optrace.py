@@ -60,7 +60,7 @@ def main() -> int:
     except ImportError:
         print("torch.utils._debug_mode.DebugMode is not in this torch: skipping that comparison")
     with contextlib.redirect_stderr(sys.stderr):
-        times = interleaved(variants, rounds=15, inner=2)
+        times = interleaved(variants, rounds=40, inner=2)
     base = times["untraced"]
     print(f"example CNN step (batch 32, 3x32x32), {torch.get_num_threads()} threads, torch {torch.__version__}")
     for name, t in times.items():

@@ -38,9 +38,30 @@ def small_slices(monkeypatch):
     monkeypatch.setattr(fp_mod, "TORCH_SLICE_WORDS", 1000)
 
 
+def _helper_thread_path(t: torch.Tensor) -> str:
+    """The large-tensor path where torch's OpenMP team cannot be used: a helper thread of our own."""
+    old = (fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS)
+    fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS = (lambda fn, threads: False), 2
+    try:
+        return _xxh3_path(t, 2)
+    finally:
+        fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS = old
+
+
+def _team_path(t: torch.Tensor) -> str:
+    """The large-tensor path on torch's OpenMP team (where usable), with the size threshold lowered."""
+    old = fp_mod._TEAM_MIN_CHUNKS
+    fp_mod._TEAM_MIN_CHUNKS = 2
+    try:
+        return _xxh3_path(t, 2)
+    finally:
+        fp_mod._TEAM_MIN_CHUNKS = old
+
+
 PATHS = {
     "cpu-small": (3000, lambda t: _xxh3_path(t, 1)),
-    "cpu-large-threads": (5 * fp_mod.CHUNK // 4 + 77, lambda t: _xxh3_path(t, 2)),
+    "cpu-large-threads": (5 * fp_mod.CHUNK // 4 + 77, _team_path),
+    "cpu-large-helper-thread": (5 * fp_mod.CHUNK // 4 + 77, _helper_thread_path),
     "cpu-large-1-thread": (5 * fp_mod.CHUNK // 4 + 77, lambda t: _xxh3_path(t, 1)),
     "torch-path": (9000, _torch_path),
 }
@@ -105,7 +126,7 @@ def test_every_bit_flip_and_swap_changes_the_digest(path, dtype, small_slices):
 def test_cpu_paths_equal_the_documented_xxh3_algorithm(n):
     t = torch.randn(n, generator=torch.Generator().manual_seed(1))
     expected = _reference_xxh3(t)
-    assert _xxh3_path(t, 1) == _xxh3_path(t, 2) == expected
+    assert _xxh3_path(t, 1) == _xxh3_path(t, 2) == _team_path(t) == _helper_thread_path(t) == expected
     assert fp_mod.fingerprint_many([t, t[: n // 2]]) == [expected, _reference_xxh3(t[: n // 2])]
     m = t[: n - n % 4].view(-1, 4) if n >= 4 else t.view(-1, 1)
     assert fp_mod.fingerprint(m.t()) == _reference_xxh3(m.t().contiguous())  # non-contiguous: same bytes

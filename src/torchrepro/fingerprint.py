@@ -9,8 +9,8 @@ with different algorithms are not comparable, and ``torchrepro diff`` says so in
 
 1. The tensor's bytes (C order) are cut into chunks of 1 MiB (``CHUNK`` bytes; the last one shorter).
 2. Each chunk is hashed with XXH3-128; the 16-byte digests are in canonical (big-endian) byte order. Large
-   tensors have their chunks hashed in parallel threads (``torch.get_num_threads()``); the result does not
-   depend on the thread count.
+   tensors have their chunks hashed in parallel (``torch.get_num_threads()`` shares, on torch's own OpenMP
+   threads where possible: see ``_ompteam``); the result does not depend on the thread count.
 3. The fingerprint is XXH3-128 of ``"{dtype}|{shape}|{nbytes}|"`` (UTF-8, e.g. ``torch.float32|(3, 4)|48|``)
    followed by the chunk digests in order.
 
@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 
+from . import _ompteam
 from ._compat import np, optional_import
 
 ALGORITHM_XXH3 = "xxh3-128-chunks-1MiB/1"
@@ -67,8 +68,11 @@ ALGORITHM_TORCH = "splitmix64-sum-128/1"
 LEGACY_ALGORITHM = "fold63-splitmix64/0"  # runs whose manifest names no algorithm
 CHUNK = 1 << 20  # bytes per XXH3 chunk (part of the algorithm)
 TORCH_SLICE_WORDS = 1 << 22  # words per slice on the torch path (bounds temporary memory; not in the digest)
-_PARALLEL_MIN_CHUNKS = 16  # tensors of fewer chunks (16 MiB) are hashed in the calling thread: a hand-off to
-# another thread costs more than hashing a few MiB (measured in the op tracer, where most tensors are small)
+# Tensors of fewer chunks (16 MiB) are hashed in the calling thread: splitting a few MiB costs more than it
+# saves (measured in the op tracer, with torch's OpenMP team and with a thread of our own). Larger ones are
+# split over torch's OpenMP team where _ompteam can use it, else over a helper thread.
+_TEAM_MIN_CHUNKS = 16
+_PARALLEL_MIN_CHUNKS = 16
 _BYTES = 8
 
 # splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
@@ -322,14 +326,25 @@ def _chunk_digests(buf: Any, first: int, last: int) -> bytes:
 def _xxh3_parts(buf: Any) -> bytes:
     """The chunk digests of a flat uint8 array, concatenated in chunk order."""
     chunks = -(-buf.size // CHUNK)
-    threads = min(torch.get_num_threads(), chunks // 2) if chunks >= _PARALLEL_MIN_CHUNKS else 1
-    if threads <= 1:
+    threads = min(torch.get_num_threads(), chunks // 2)
+    if threads <= 1 or chunks < min(_TEAM_MIN_CHUNKS, _PARALLEL_MIN_CHUNKS):
         return _chunk_digests(buf, 0, chunks)
     bounds = [chunks * i // threads for i in range(threads + 1)]
+    parts = [b""] * threads
+
+    def share(i: int) -> None:
+        parts[i] = _chunk_digests(buf, bounds[i], bounds[i + 1])
+
+    if chunks >= _TEAM_MIN_CHUNKS and _ompteam.run(share, threads):  # on torch's own OpenMP threads
+        return b"".join(parts)
+    if chunks < _PARALLEL_MIN_CHUNKS:
+        return _chunk_digests(buf, 0, chunks)
     pool = _executor(threads - 1)
-    futures = [pool.submit(_chunk_digests, buf, bounds[i], bounds[i + 1]) for i in range(1, threads)]
-    parts = [_chunk_digests(buf, bounds[0], bounds[1])]  # the calling thread takes the first share
-    return b"".join(parts + [f.result() for f in futures])
+    futures = [pool.submit(share, i) for i in range(1, threads)]
+    share(0)  # the calling thread takes the first share
+    for f in futures:
+        f.result()
+    return b"".join(parts)
 
 
 def _digest_xxh3(t: torch.Tensor) -> str:

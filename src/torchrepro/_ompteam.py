@@ -1,0 +1,115 @@
+"""Run Python work on torch's own OpenMP threads (layer L0): what lets CPU fingerprints use every core.
+
+After each parallel torch op, torch's OpenMP worker threads spin for a while waiting for the next one. A
+Python thread started to hash the other half of a tensor then competes with a spinning worker for the same
+core, and the hand-off itself costs more than it saves: measured here right after an optimizer step, hashing
+384 MB of parameters took 19 ms with a helper thread, 18 ms in one thread, and 11-14 ms on torch's team.
+
+:func:`run` asks the OpenMP runtime that torch uses (libgomp, found among the libraries mapped into this
+process) to run a Python callable once on each thread of a team of ``threads``; each call gets its index.
+The callable should spend its time in code that releases the GIL (``xxhash`` does on large inputs).
+
+It is used only where it is safe, and otherwise :func:`run` returns False and the caller does the work its
+own way: Linux, torch's ATen backend OpenMP, exactly one libgomp mapped, the main thread, and the process
+that first looked the runtime up (libgomp does not survive ``fork``: a forked DataLoader worker never uses
+it). Results never depend on which thread did what.
+
+>>> out = [None, None]
+>>> def work(i: int) -> None:
+...     out[i] = i * 10
+>>> if not run(work, 2):   # not usable here: do the work in this thread
+...     for i in range(2):
+...         work(i)
+>>> out
+[0, 10]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_state: dict[str, Any] = {"pid": None, "lib": None}
+_job: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _find_libgomp() -> str | None:
+    """The path of the one libgomp mapped into this process, or None (none, several, or no /proc)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "libgomp" in line and "/" in line}
+    except OSError:
+        return None
+    return paths.pop() if len(paths) == 1 else None
+
+
+def _load() -> Any:
+    """The libgomp handle for this process, looked up once; None where the team cannot be used."""
+    pid = os.getpid()
+    if _state["pid"] is not None:
+        return _state["lib"] if _state["pid"] == pid else None  # a forked child: libgomp's team is gone
+    _state["pid"] = pid
+    try:
+        import torch
+
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+            return None
+        path = _find_libgomp()
+        if path is None:
+            return None
+        lib = ctypes.CDLL(path)  # the library already loaded by torch: same handle, nothing new is loaded
+        lib.omp_get_thread_num.restype = ctypes.c_int
+        lib.GOMP_parallel.argtypes = [_CALLBACK, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        lib.GOMP_parallel.restype = None
+    except (ImportError, OSError, AttributeError):
+        return None
+    _state["lib"] = lib
+    return lib
+
+
+def _body(_: Any) -> None:
+    """What each team thread runs: the job's callable with the thread's index, failures kept for the caller."""
+    try:
+        i = _job["lib"].omp_get_thread_num()
+        _job["fn"](i)
+        _job["done"].add(i)
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread by run()
+        _job["errors"].append(exc)
+
+
+_body_c = _CALLBACK(_body)  # kept alive for as long as the module: libgomp calls it by address
+
+
+def available() -> bool:
+    """Whether :func:`run` can use torch's OpenMP team from this thread of this process."""
+    return threading.current_thread() is threading.main_thread() and _load() is not None
+
+
+def run(fn: Callable[[int], None], threads: int) -> bool:
+    """Call ``fn(i)`` for ``i`` in ``range(threads)``, each on a thread of torch's OpenMP team, and wait.
+
+    Returns False, having called nothing, where the team cannot be used (see the module docs); the caller
+    then does the work itself. If the runtime gives a smaller team than asked for, the calling thread runs
+    the indices no team thread ran. An exception raised by ``fn`` on any thread is raised here.
+    """
+    if threads < 2 or not available() or not _lock.acquire(blocking=False):
+        return False
+    try:
+        lib = _state["lib"]
+        _job.update(fn=fn, lib=lib, errors=[], done=set())
+        lib.GOMP_parallel(_body_c, None, threads, 0)  # ctypes releases the GIL while the team runs
+        errors, done = _job["errors"], _job["done"]
+        _job.clear()
+        if errors:
+            raise errors[0]
+        for i in range(threads):
+            if i not in done:
+                fn(i)
+        return True
+    finally:
+        _lock.release()
