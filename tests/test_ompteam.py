@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -65,11 +67,17 @@ def test_indices_a_smaller_team_did_not_run_are_run_by_the_caller():
 
 
 FORKED = """
-import os, importlib, torch
+import os, sys, importlib, torch
 from torchrepro import _ompteam
 fp = importlib.import_module("torchrepro.fingerprint")
 t = torch.randn(5 * fp.CHUNK)
-expected = fp.fingerprint(t)           # the parent's team is in use now
+torch.set_num_threads(1)
+expected = fp.fingerprint(t)
+torch.set_num_threads(2)
+if sys.argv[1] == "team-used":
+    fp.fingerprint(t)                  # the parent's team is in use now
+else:
+    (t.view(-1, 1024) @ t.view(1024, -1)[:, :64]).sum()   # only torch's own parallel work before the fork
 pid = os.fork()
 if pid == 0:
     ok = (not _ompteam.available()) and fp.fingerprint(t) == expected
@@ -79,10 +87,67 @@ print("child", os.waitstatus_to_exitcode(status))
 """
 
 
-def test_a_forked_child_never_uses_the_parents_team():
-    p = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("parent", ["team-used", "torch-only"])
+def test_a_forked_child_never_uses_the_parents_team(parent):
+    p = subprocess.run([sys.executable, "-c", FORKED, parent], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "child 0"  # libgomp's team does not survive fork: a child that used it would hang
+
+
+def test_a_signal_during_the_region_is_handled_once_the_team_is_done():
+    """A Python signal handler must not run inside the team callback (at its first bytecode ctypes would drop
+    the exception, and the region could hang): it runs after the region, and its exception is raised."""
+    finished: list[int] = []
+    seen_at: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        seen_at.append(len(finished))
+        raise KeyboardInterrupt
+
+    def work(i: int) -> None:
+        if i == 0:
+            signal.raise_signal(signal.SIGUSR1)
+        time.sleep(0.05)
+        finished.append(i)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _ompteam.run(work, 2)
+        assert signal.getsignal(signal.SIGUSR1) is handler  # the user's handler is back
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert seen_at == [2]
+
+
+INTERRUPTED = """
+import importlib, signal, torch
+fp = importlib.import_module("torchrepro.fingerprint")
+t = torch.randn(32 * fp.CHUNK // 4)
+torch.set_num_threads(1)
+expected = fp.fingerprint(t)
+torch.set_num_threads(2)
+
+def handler(signum, frame):
+    raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, handler)
+for trial in range(25):
+    signal.setitimer(signal.ITIMER_REAL, 0.003 + 0.0031 * trial)
+    try:
+        while True:
+            assert fp.fingerprint(t) == expected
+    except KeyboardInterrupt:
+        pass
+print("interrupted 25 times, digest", fp.fingerprint(t) == expected)
+"""
+
+
+def test_ctrl_c_while_hashing_on_the_team_always_interrupts():
+    p = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "interrupted 25 times, digest True"
+    assert "Exception ignored" not in p.stderr
 
 
 def test_large_fingerprints_use_the_team(monkeypatch):

@@ -16,7 +16,10 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from . import _launchenv  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
+from . import (
+    _launchenv,  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
+    _ompteam,  # noqa: F401 - registers its fork guard before the script can fork (stdlib only)
+)
 from ._version import __version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported on first use

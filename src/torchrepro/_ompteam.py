@@ -10,9 +10,10 @@ process) to run a Python callable once on each thread of a team of ``threads``; 
 The callable should spend its time in code that releases the GIL (``xxhash`` does on large inputs).
 
 It is used only where it is safe, and otherwise :func:`run` returns False and the caller does the work its
-own way: Linux, torch's ATen backend OpenMP, exactly one libgomp mapped, the main thread, and the process
-that first looked the runtime up (libgomp does not survive ``fork``: a forked DataLoader worker never uses
-it). Results never depend on which thread did what.
+own way: Linux, torch's ATen backend OpenMP, exactly one libgomp mapped, the main thread, and never in a
+process forked after ``import torchrepro`` (libgomp's threads do not survive ``fork``; torch itself cannot run
+parallel ops there either). Signals that arrive while the team works are handled right after it (see
+:func:`_signals_deferred`). Results never depend on which thread did what.
 
 >>> out = [None, None]
 >>> def work(i: int) -> None:
@@ -26,14 +27,16 @@ it). Results never depend on which thread did what.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_state: dict[str, Any] = {"pid": None, "lib": None}
+_state: dict[str, Any] = {"pid": None, "lib": None, "forked": False}
 _job: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -50,6 +53,8 @@ def _find_libgomp() -> str | None:
 
 def _load() -> Any:
     """The libgomp handle for this process, looked up once; None where the team cannot be used."""
+    if _state["forked"]:
+        return None
     pid = os.getpid()
     if _state["pid"] is not None:
         return _state["lib"] if _state["pid"] == pid else None  # a forked child: libgomp's team is gone
@@ -70,6 +75,40 @@ def _load() -> Any:
         return None
     _state["lib"] = lib
     return lib
+
+
+def _after_fork_in_child() -> None:
+    _state["forked"] = True  # the parent's OpenMP threads do not exist here: GOMP_parallel could wait forever
+
+
+if hasattr(os, "register_at_fork"):  # torchrepro imports this module at start-up, so any later fork is seen
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Python signal handlers (Ctrl-C's KeyboardInterrupt) run in the main thread between bytecodes, which
+    includes the first one of the team callback, outside its ``try``: ctypes would print and drop such an
+    exception, and the interrupted region could then hang (seen in a probe). During the region the handlers
+    only note the signal; each noted signal is raised again once the region is over."""
+    noted: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+
+    saved = {}
+    try:
+        for sig in signal.valid_signals():
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                saved[sig] = handler
+                signal.signal(sig, note)
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in noted:
+            signal.raise_signal(sig)
 
 
 def _body(_: Any) -> None:
@@ -102,7 +141,8 @@ def run(fn: Callable[[int], None], threads: int) -> bool:
     try:
         lib = _state["lib"]
         _job.update(fn=fn, lib=lib, errors=[], done=set())
-        lib.GOMP_parallel(_body_c, None, threads, 0)  # ctypes releases the GIL while the team runs
+        with _signals_deferred():
+            lib.GOMP_parallel(_body_c, None, threads, 0)  # ctypes releases the GIL while the team runs
         errors, done = _job["errors"], _job["done"]
         _job.clear()
         if errors:
