@@ -85,12 +85,21 @@ if hasattr(os, "register_at_fork"):  # torchrepro imports this module at start-u
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+try:  # the C functions behind signal.signal/getsignal: the same calls without the enum conversions (~50x faster)
+    import _signal as _sig
+except ImportError:  # pragma: no cover - not CPython
+    _sig = signal
+_SIGNALS: list[int] = []  # every valid signal number, as plain ints (valid_signals() builds enums: 0.1 ms)
+
+
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Python signal handlers (Ctrl-C's KeyboardInterrupt) run in the main thread between bytecodes, which
     includes the first one of the team callback, outside its ``try``: ctypes would print and drop such an
     exception, and the interrupted region could then hang (seen in a probe). During the region the handlers
-    only note the signal; each noted signal is raised again once the region is over."""
+    only note the signal; each noted signal is raised again once the region is over. Costs ~4 us."""
+    if not _SIGNALS:
+        _SIGNALS.extend(int(s) for s in signal.valid_signals())
     noted: list[int] = []
 
     def note(signum: int, frame: Any) -> None:
@@ -98,15 +107,15 @@ def _signals_deferred() -> Iterator[None]:
 
     saved = {}
     try:
-        for sig in signal.valid_signals():
-            handler = signal.getsignal(sig)
+        for sig in _SIGNALS:
+            handler = _sig.getsignal(sig)
             if callable(handler):
                 saved[sig] = handler
-                signal.signal(sig, note)
+                _sig.signal(sig, note)
         yield
     finally:
         for sig, handler in saved.items():
-            signal.signal(sig, handler)
+            _sig.signal(sig, handler)
         for sig in noted:
             signal.raise_signal(sig)
 
