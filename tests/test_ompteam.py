@@ -162,3 +162,64 @@ def test_large_fingerprints_use_the_team(monkeypatch):
     assert calls == [min(2, torch.get_num_threads())] or torch.get_num_threads() == 1
     monkeypatch.setattr(_ompteam, "run", lambda fn, threads: False)
     assert fp.fingerprint(t) == digest  # the helper-thread path gives the same digest
+
+
+POOL_BEFORE_IMPORT = """
+import multiprocessing as mp, torch
+
+T = None
+
+
+def work(_):
+    import importlib
+    fp = importlib.import_module("torchrepro.fingerprint")   # first imported here, after the fork
+    got = fp.fingerprint(T)          # no torch op of its own: contiguous, inherited from the parent
+    torch.set_num_threads(1)
+    return got == fp.fingerprint(T)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    T = torch.ones(512, 512) @ torch.ones(512, 512)      # torch's OpenMP team exists in the parent now
+    T = T.repeat(20, 1)                                  # 20 MiB: large enough for the team
+    with mp.get_context("fork").Pool(1) as pool:
+        print(pool.apply_async(work, (0,)).get(timeout=100))
+"""
+
+
+def test_a_pool_forked_before_torchrepro_was_imported_never_uses_the_team(tmp_path):
+    script = tmp_path / "pool_before_import.py"
+    script.write_text(POOL_BEFORE_IMPORT)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "True"  # the worker would hang in GOMP_parallel with the parent's dead threads
+
+
+def test_every_signal_noted_during_the_region_is_handled_even_if_one_raises():
+    handled: list[int] = []
+
+    def interrupt(signum: int, frame: object) -> None:
+        handled.append(signum)
+        raise KeyboardInterrupt
+
+    def record(signum: int, frame: object) -> None:
+        handled.append(signum)
+
+    def work(i: int) -> None:
+        if i == 0:  # the one that raises is noted first
+            signal.raise_signal(signal.SIGUSR1)
+            signal.raise_signal(signal.SIGUSR2)
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    signal.signal(signal.SIGUSR1, interrupt)
+    signal.signal(signal.SIGUSR2, record)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _ompteam.run(work, 2)
+        for _ in range(3):  # a handler left pending runs at the next check
+            time.sleep(0.01)
+        assert sorted(handled) == [signal.SIGUSR1, signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGUSR1) is interrupt and signal.getsignal(signal.SIGUSR2) is record
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -10,10 +10,12 @@ process) to run a Python callable once on each thread of a team of ``threads``; 
 The callable should spend its time in code that releases the GIL (``xxhash`` does on large inputs).
 
 It is used only where it is safe, and otherwise :func:`run` returns False and the caller does the work its
-own way: Linux, torch's ATen backend OpenMP, exactly one libgomp mapped, the main thread, and never in a
-process forked after ``import torchrepro`` (libgomp's threads do not survive ``fork``; torch itself cannot run
-parallel ops there either). Signals that arrive while the team works are handled right after it (see
-:func:`_signals_deferred`). Results never depend on which thread did what.
+own way: Linux, torch's ATen backend OpenMP, exactly one libgomp mapped, the main thread, never in a process
+forked after ``import torchrepro`` nor in a multiprocessing worker (libgomp's threads do not survive ``fork``).
+Not detected: a process made by a bare ``os.fork()`` before torchrepro was imported, from a parent that ran
+parallel torch ops (``torchrepro run``/``check`` import torchrepro before the script starts, so not there);
+torch's own parallel ops hang in such a process too. Signals that arrive while the team works are handled
+right after it (see :func:`_signals_deferred`). Results never depend on which thread did what.
 
 >>> out = [None, None]
 >>> def work(i: int) -> None:
@@ -31,6 +33,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -53,7 +56,7 @@ def _find_libgomp() -> str | None:
 
 def _load() -> Any:
     """The libgomp handle for this process, looked up once; None where the team cannot be used."""
-    if _state["forked"]:
+    if _state["forked"] or _multiprocessing_child():
         return None
     pid = os.getpid()
     if _state["pid"] is not None:
@@ -77,6 +80,14 @@ def _load() -> Any:
     return lib
 
 
+def _multiprocessing_child() -> bool:
+    """Whether this process is a multiprocessing worker (a Pool or Process child, e.g. forked before
+    ``import torchrepro``, when no fork hook of ours could see it). Spawned ones would be safe; all are
+    treated alike."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
+
+
 def _after_fork_in_child() -> None:
     _state["forked"] = True  # the parent's OpenMP threads do not exist here: GOMP_parallel could wait forever
 
@@ -97,15 +108,20 @@ def _signals_deferred() -> Iterator[None]:
     """Python signal handlers (Ctrl-C's KeyboardInterrupt) run in the main thread between bytecodes, which
     includes the first one of the team callback, outside its ``try``: ctypes would print and drop such an
     exception, and the interrupted region could then hang (seen in a probe). During the region the handlers
-    only note the signal; each noted signal is raised again once the region is over. Costs ~4 us."""
+    only note the signal; once it is over, each noted signal's handler is called, and the first exception one
+    of them raised is raised here. Costs ~6 us."""
     if not _SIGNALS:
         _SIGNALS.extend(int(s) for s in signal.valid_signals())
     noted: list[int] = []
+    deferring = [True]
+    saved: dict[int, Any] = {}
 
     def note(signum: int, frame: Any) -> None:
-        noted.append(signum)
+        if deferring[0]:
+            noted.append(signum)
+        else:  # the region is over but this handler is not swapped back yet: act as the original
+            saved[signum](signum, frame)
 
-    saved = {}
     try:
         for sig in _SIGNALS:
             handler = _sig.getsignal(sig)
@@ -114,10 +130,17 @@ def _signals_deferred() -> Iterator[None]:
                 _sig.signal(sig, note)
         yield
     finally:
+        deferring[0] = False  # from here on a handler may raise; the ones not yet restored forward to it
         for sig, handler in saved.items():
             _sig.signal(sig, handler)
-        for sig in noted:
-            signal.raise_signal(sig)
+        first: BaseException | None = None
+        for sig in noted:  # each handler is called, even after one raised (raise_signal would run it at once)
+            try:
+                saved[sig](sig, None)
+            except BaseException as exc:  # noqa: BLE001 - the first is raised below
+                first = first or exc
+        if first is not None:
+            raise first
 
 
 def _body(_: Any) -> None:
