@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_state: dict[str, Any] = {"pid": None, "lib": None, "forked": False}
+_state: dict[str, Any] = {"looked_up": False, "lib": None, "forked": False}
 _job: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -58,10 +58,9 @@ def _load() -> Any:
     """The libgomp handle for this process, looked up once; None where the team cannot be used."""
     if _state["forked"] or _multiprocessing_child():
         return None
-    pid = os.getpid()
-    if _state["pid"] is not None:
-        return _state["lib"] if _state["pid"] == pid else None  # a forked child: libgomp's team is gone
-    _state["pid"] = pid
+    if _state["looked_up"]:
+        return _state["lib"]
+    _state["looked_up"] = True
     try:
         import torch
 
@@ -172,11 +171,11 @@ def run(fn: Callable[[int], None], threads: int) -> bool:
         return False
     try:
         lib = _state["lib"]
-        _job.update(fn=fn, lib=lib, errors=[], done=set())
+        errors: list[BaseException] = []
+        done: set[int] = set()
+        _job.update(fn=fn, lib=lib, errors=errors, done=done)
         with _signals_deferred():
             lib.GOMP_parallel(_body_c, None, threads, 0)  # ctypes releases the GIL while the team runs
-        errors, done = _job["errors"], _job["done"]
-        _job.clear()
         if errors:
             raise errors[0]
         for i in range(threads):
@@ -184,4 +183,5 @@ def run(fn: Callable[[int], None], threads: int) -> bool:
                 fn(i)
         return True
     finally:
+        _job.clear()  # also when a deferred signal's handler raised: no reference to the caller's data is kept
         _lock.release()
