@@ -58,8 +58,17 @@ def _team_path(t: torch.Tensor) -> str:
         fp_mod._TEAM_MIN_CHUNKS = old
 
 
+def _strided_copy_path(t: torch.Tensor) -> str:
+    """The path for tensors whose bytes cannot be read in place: a non-contiguous view with the same values."""
+    u = torch.empty(2 * t.numel(), dtype=t.dtype)[::2].view(t.shape)
+    u.copy_(t)
+    assert fp_mod._direct_bytes(u) is None or t.numel() <= 1  # one element: contiguous whatever the stride
+    return fp_mod.fingerprint(u)
+
+
 PATHS = {
     "cpu-small": (3000, lambda t: _xxh3_path(t, 1)),
+    "cpu-strided-copy": (3000, _strided_copy_path),
     "cpu-large-threads": (5 * fp_mod.CHUNK // 4 + 77, _team_path),
     "cpu-large-helper-thread": (5 * fp_mod.CHUNK // 4 + 77, _helper_thread_path),
     "cpu-large-1-thread": (5 * fp_mod.CHUNK // 4 + 77, lambda t: _xxh3_path(t, 1)),
@@ -127,9 +136,81 @@ def test_cpu_paths_equal_the_documented_xxh3_algorithm(n):
     t = torch.randn(n, generator=torch.Generator().manual_seed(1))
     expected = _reference_xxh3(t)
     assert _xxh3_path(t, 1) == _xxh3_path(t, 2) == _team_path(t) == _helper_thread_path(t) == expected
+    assert _strided_copy_path(t) == expected
     assert fp_mod.fingerprint_many([t, t[: n // 2]]) == [expected, _reference_xxh3(t[: n // 2])]
     m = t[: n - n % 4].view(-1, 4) if n >= 4 else t.view(-1, 1)
     assert fp_mod.fingerprint(m.t()) == _reference_xxh3(m.t().contiguous())  # non-contiguous: same bytes
+
+
+def _all_dtypes() -> list[torch.dtype]:
+    return sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (3, fp_mod.CHUNK // 4 + 5)])
+def test_bytes_read_in_place_equal_the_copied_bytes_for_every_dtype(shape):
+    """The in-place read (plain contiguous CPU tensors) and the copy path agree bit for bit on every dtype."""
+    read_in_place = 0
+    for dtype in _all_dtypes():
+        try:
+            width = torch.empty(0, dtype=dtype).element_size()
+            raw = torch.randint(0, 256, (shape[0] * shape[1] * width if len(shape) == 2 else shape[0] * width,),
+                                dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+            raw = raw % 2 if dtype == torch.bool else raw  # a torch copy turns any other bool byte into 1
+            t = raw.view(dtype).view(shape)
+        except (RuntimeError, TypeError):  # dtypes with no storage of their own (none today)
+            continue
+        if t.is_quantized:
+            continue
+        assert fp_mod._direct_bytes(t) is not None, dtype
+        read_in_place += 1
+        assert bytes(fp_mod._direct_bytes(t)) == raw.numpy().tobytes(), dtype
+        assert fp_mod.fingerprint(t) == _copy_path(t), dtype
+        if t.dtype in (torch.float32, torch.bool, torch.int8, torch.complex128):
+            assert fp_mod.fingerprint(t) == _strided_copy_path(t) == _reference_xxh3(t), dtype
+    assert read_in_place >= 20
+
+
+def _copy_path(t: torch.Tensor) -> str:
+    """The digest with in-place reads switched off: the tensor's bits are copied out through torch."""
+    direct = fp_mod._direct_bytes
+    fp_mod._direct_bytes = lambda t: None
+    try:
+        return fp_mod.fingerprint(t)
+    finally:
+        fp_mod._direct_bytes = direct
+
+
+def test_tensors_that_are_not_read_in_place():
+    class Sub(torch.Tensor):
+        pass
+
+    base = torch.randn(6, 4)
+    others = {"subclass": base.as_subclass(Sub), "transposed": base.t(), "conjugate view": torch.randn(
+        3, dtype=torch.complex64).conj(), "negative view": torch.randn(3, dtype=torch.complex64).conj().imag,
+        "empty": torch.empty(0), "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)}
+    for name, t in others.items():
+        assert fp_mod._direct_bytes(t) is None, name
+        assert fp_mod.fingerprint(t) == fp_mod.fingerprint(t.as_subclass(torch.Tensor).resolve_conj()
+                                                          .resolve_neg().contiguous()), name
+    assert fp_mod._direct_bytes(base[1:]) is not None  # a contiguous view at an offset is read in place
+
+
+def test_a_tensor_whose_storage_was_freed_is_not_read():
+    t = torch.randn(1000)
+    t.untyped_storage().resize_(0)  # what FSDP does to unsharded parameters between uses
+    assert fp_mod._direct_bytes(t) is None
+    with pytest.raises(fp_mod.UnfingerprintableError, match="needs 4000 bytes of storage but its storage holds 0"):
+        fp_mod.fingerprint(t)
+    u = torch.randn(1000)
+    u.untyped_storage().resize_(400)  # shrunk, not freed: the address is valid, the end is not
+    assert fp_mod._direct_bytes(u) is None
+    with pytest.raises(fp_mod.UnfingerprintableError, match="needs 4000 bytes of storage but its storage holds 400"):
+        fp_mod.fingerprint(u)
+
+
+def test_empty_strided_views_have_the_fingerprint_of_their_shape():
+    assert fp_mod.fingerprint(torch.zeros(0)[::2]) == fp_mod.fingerprint(torch.zeros(0))
+    assert fp_mod.fingerprint(torch.zeros(0, 3).t()) == fp_mod.fingerprint(torch.zeros(3, 0))
 
 
 def test_torch_path_equals_the_documented_algorithm_sliced_or_batched(monkeypatch):
