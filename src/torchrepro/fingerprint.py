@@ -382,8 +382,8 @@ def _direct_bytes(t: torch.Tensor) -> memoryview | None:
     copy); ``None`` for any other tensor (subclasses, views with conjugate/negative bits, non-contiguous or
     empty tensors, memory the tensor's storage does not cover). The op tracer's hot path: ~4x cheaper than
     ``detach().reshape(-1).view(uint8).numpy()``, which goes through the dispatcher three times."""
-    if (type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cpu or t.layout is not torch.strided
-            or not t.is_contiguous() or t.is_conj() or t.is_neg()):
+    if (type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
+            or t.is_nested or not t.is_contiguous() or t.is_conj() or t.is_neg()):
         return None
     n = t.nbytes
     ptr = t.data_ptr()
@@ -394,8 +394,9 @@ def _direct_bytes(t: torch.Tensor) -> memoryview | None:
     return memoryview(_ADDRESS_SPACE.from_address(ptr))[:n].toreadonly()
 
 
-def _digest_xxh3(t: torch.Tensor) -> str:
-    buf: Any = _direct_bytes(t)
+def _digest_xxh3(t: torch.Tensor, buf: Any = None) -> str:
+    """The XXH3 fingerprint of a CPU tensor; ``buf``: its bytes when the caller has them already."""
+    buf = buf if buf is not None else _direct_bytes(t)
     if buf is None:
         check_fingerprintable(t)
         flat = _flat_bits(t)
@@ -407,11 +408,13 @@ def _digest_xxh3(t: torch.Tensor) -> str:
 def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
     """``fingerprint(t)`` for a plain strided CPU tensor, with the least Python work (the op tracer's hot
     path); ``None`` for every other tensor (other devices, sparse, quantized, nested, or no ``xxhash``)."""
-    if (xxhash is None or np is None or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
-            or t.is_nested):
+    if xxhash is None or np is None:
+        return None
+    buf = _direct_bytes(t)  # most tensors: read in place, every other check already made
+    if buf is None and (not t.is_cpu or t.layout is not torch.strided or t.is_quantized or t.is_nested):
         return None
     _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
-    return _digest_xxh3(t)
+    return _digest_xxh3(t, buf)
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:

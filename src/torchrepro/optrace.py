@@ -74,6 +74,8 @@ def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
 
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    if type(obj) in _LEAF_TYPES:  # most op arguments: numbers, dtypes, None (the hot path skips isinstance)
+        return out
     if isinstance(obj, torch.Tensor):
         out.append(obj)
     elif isinstance(obj, (list, tuple)):
@@ -83,6 +85,10 @@ def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
         for x in obj.values():
             _tensors(x, out)
     return out
+
+
+_LEAF_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                         torch.memory_format})
 
 
 def _scalar_repr(value: Any) -> str:
@@ -207,7 +213,9 @@ class _Dispatch(TorchDispatchMode):
         if not tr.recording or name in _SKIP_OPS or name.startswith("profiler."):
             return func(*args, **kwargs)
         tr.fps.commit()
-        ins = _tensors(args, []) + _tensors(kwargs, [])
+        ins = _tensors(args, [])
+        if kwargs:
+            _tensors(kwargs, ins)
         in_fps = tr.fps.get(ins)
         out = func(*args, **kwargs)
         outs = _tensors(out, [])
@@ -304,22 +312,18 @@ class OpTracer:
             name = self._names.setdefault(id(mod), type(mod).__name__)
         return name
 
-    def _phase(self) -> str:
-        if self._context.in_optimizer:
-            return "optimizer"
-        return "backward" if torch._C._current_autograd_node() is not None else "forward"
-
     def record(self, op: str, in_fps: list[str], out_fps: list[str]) -> None:
-        phase = self._phase()
         module = self.module_path()
         site = self.site
-        if phase == "backward":
-            node = torch._C._current_autograd_node()
-            found = self.node_sites.get(id(node)) if node is not None else None
-            if found is not None:
-                site, module = found
-            else:
-                site = None
+        node = None if self._context.in_optimizer else torch._C._current_autograd_node()
+        if self._context.in_optimizer:
+            phase = "optimizer"
+        elif node is None:
+            phase = "forward"
+        else:
+            phase = "backward"
+            found = self.node_sites.get(id(node))
+            site, module = found if found is not None else (None, module)
         entry = {"i": self.count, "step": self.step, "op": op, "phase": phase, "module": module,
                  "file": site[0] if site else None, "line": site[1] if site else None,
                  "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
@@ -345,7 +349,7 @@ class OpTracer:
         self._refresh_names()
         if self.path is not None and self._file is None:
             mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
-            self._file = open(self.path, mode, encoding="utf-8")  # noqa: SIM115 - closed in stop()
+            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in stop()
         self._context.install()
         self._modes = [_Function(self), _Dispatch(self)]
         for m in self._modes:
