@@ -208,6 +208,20 @@ def test_a_tensor_whose_storage_was_freed_is_not_read():
         fp_mod.fingerprint(u)
 
 
+def test_a_tensor_inside_vmap_gets_a_clear_error():
+    seen = []
+
+    def body(t):
+        assert fp_mod._direct_bytes(t) is None  # no storage of its own: never read by address
+        with pytest.raises(fp_mod.UnfingerprintableError, match="has no storage of its own .*outside torch.func"):
+            fp_mod.fingerprint(t)
+        seen.append(True)
+        return t * 2
+
+    torch.func.vmap(body)(torch.randn(3, 4))
+    assert seen == [True]
+
+
 def test_empty_strided_views_have_the_fingerprint_of_their_shape():
     assert fp_mod.fingerprint(torch.zeros(0)[::2]) == fp_mod.fingerprint(torch.zeros(0))
     assert fp_mod.fingerprint(torch.zeros(0, 3).t()) == fp_mod.fingerprint(torch.zeros(3, 0))

@@ -135,8 +135,11 @@ def _check_storage_covers(t: torch.Tensor) -> None:
         return
     try:
         have = t.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):  # a subclass without storage: read through its ops
-        return
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        if type(t) in _PLAIN_TENSOR_TYPES:  # e.g. a tensor seen inside torch.func.vmap/grad: no bytes of its own
+            raise UnfingerprintableError(f"the tensor has no storage of its own ({exc}); fingerprint it outside "
+                                         "torch.func transforms (vmap, grad, functionalize)") from None
+        return  # a tensor subclass without storage: read through its own ops
     last = t.storage_offset() + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
     need = (last + 1) * t.element_size()
     if need > have:
@@ -385,10 +388,13 @@ def _direct_bytes(t: torch.Tensor) -> memoryview | None:
     if (type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
             or t.is_nested or not t.is_contiguous() or t.is_conj() or t.is_neg()):
         return None
-    n = t.nbytes
-    ptr = t.data_ptr()
-    storage = t.untyped_storage()
-    start = storage.data_ptr()
+    try:
+        n = t.nbytes
+        ptr = t.data_ptr()
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+    except RuntimeError:  # no storage (a tensor inside torch.func transforms): the checked path says why
+        return None
     if n <= 0 or not ptr or ptr < start or ptr + n > start + storage.nbytes():  # e.g. a storage resized to 0
         return None
     return memoryview(_ADDRESS_SPACE.from_address(ptr))[:n].toreadonly()

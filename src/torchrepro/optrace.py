@@ -20,6 +20,7 @@ import sys
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 import torch
@@ -51,16 +52,33 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
 
 
-def _user_frame() -> tuple[str, int, str] | None:
-    """(file, line, code) of the innermost stack frame outside torch and torchrepro."""
-    f = sys._getframe(2)
+_INTERNAL_FILES: dict[str, bool] = {}  # file name -> whether it belongs to torch/torchrepro/the stdlib plumbing
+
+
+def _is_internal(name: str) -> bool:
+    internal = _INTERNAL_FILES.get(name)
+    if internal is None:
+        internal = (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR) or name.startswith("<frozen")
+                    or "/contextlib.py" in name or "/runpy.py" in name)
+        if len(_INTERNAL_FILES) > 10_000:  # code made by exec() under ever new names: stay bounded
+            _INTERNAL_FILES.clear()
+        _INTERNAL_FILES[name] = internal
+    return internal
+
+
+def _site_of(frame: FrameType | None) -> tuple[str, int, str] | None:
+    """(file, line, code) of the innermost frame, from ``frame`` outwards, outside torch and torchrepro."""
+    f = frame
     while f is not None:
         name = f.f_code.co_filename
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR) or name.startswith("<frozen")
-                or "/contextlib.py" in name or "/runpy.py" in name):
+        if not _is_internal(name):
             return name, f.f_lineno, ""
         f = f.f_back
     return None
+
+
+def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, str] | None:
+    return _site_of(site) if type(site) is FrameType else site  # type: ignore[arg-type]
 
 
 def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
@@ -240,17 +258,22 @@ class _Function(TorchFunctionMode):
         if not tr.recording:
             return func(*args, **kwargs)
         prev = tr.site
-        tr.site = _user_frame()
+        # The caller's frame, resolved to the user's line only when an op or autograd node needs it: most calls
+        # (attribute reads such as ``p.grad``) need neither. While the call runs, the frame stays at its line.
+        tr.site = sys._getframe(1)
         tr.depth += 1
         try:
             out = func(*args, **kwargs)
         finally:
             tr.depth -= 1
             site, tr.site = tr.site, prev
-        if site is not None and torch.is_grad_enabled():
+        if torch.is_grad_enabled():
             for t in _tensors(out, []):
                 node = t.grad_fn
                 if node is not None and id(node) not in tr.node_sites:
+                    site = _resolved(site)
+                    if site is None:
+                        break
                     tr.node_sites[id(node)] = (site, tr.module_path())
                     tr.nodes.append(node)  # keep alive so ids stay unique while tracing
         return out
@@ -289,7 +312,7 @@ class OpTracer:
         self.count = 0
         self.step: int | None = None  # set by the recorder: which training step the ops belong to
         self.fps = _FpCache()
-        self.site: tuple[str, int, str] | None = None
+        self.site: FrameType | tuple[str, int, str] | None = None  # a frame until resolved by _resolved()
         self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
         self.nodes: list[Any] = []
         self._names: dict[int, str] = {}
@@ -314,7 +337,7 @@ class OpTracer:
 
     def record(self, op: str, in_fps: list[str], out_fps: list[str]) -> None:
         module = self.module_path()
-        site = self.site
+        site = self.site = _resolved(self.site)  # once per torch call, however many ops it runs
         node = None if self._context.in_optimizer else torch._C._current_autograd_node()
         if self._context.in_optimizer:
             phase = "optimizer"
@@ -373,6 +396,7 @@ class OpTracer:
         self._context.remove()
         self._modes = []
         self.node_sites.clear()
+        self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
         self.fps.clear()
         if self._file is not None:
