@@ -8,6 +8,7 @@ Run: python benchmarks/bench_optrace.py
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import interleaved  # noqa: E402
+from _timing import interleaved_samples, paired_ratio  # noqa: E402
 from cnn_train import SmallCNN, synthetic_images  # noqa: E402
 
 from torchrepro.optrace import OpTracer  # noqa: E402
@@ -60,7 +61,8 @@ def main() -> int:
     except ImportError:
         print("torch.utils._debug_mode.DebugMode is not in this torch: skipping that comparison")
     with contextlib.redirect_stderr(sys.stderr):
-        times = interleaved(variants, rounds=40, inner=2)
+        samples = interleaved_samples(variants, rounds=40, inner=2)
+    times = {k: statistics.median(v) for k, v in samples.items()}
     base = times["untraced"]
     print(f"example CNN step (batch 32, 3x32x32), {torch.get_num_threads()} threads, torch {torch.__version__}")
     for name, t in times.items():
@@ -68,6 +70,8 @@ def main() -> int:
     ratio = times["torchrepro tracer"] / base
     print(f"traced / untraced step = {ratio:.2f}x  (target <= 1.3x) {'OK' if ratio <= 1.3 else 'MISSED'}"
           f"   [{counts.get('ops')} ops traced]")
+    med, q1, q3 = paired_ratio(samples, "torchrepro tracer", "untraced")
+    print(f"  round by round: median {med:.2f}x, quartiles {q1:.2f}-{q3:.2f}x (spread = machine noise)")
     if "DebugMode+log_tensor_hashes" in times:
         ours = times["torchrepro tracer"] - base
         theirs = times["DebugMode+log_tensor_hashes"] - base

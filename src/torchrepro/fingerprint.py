@@ -30,7 +30,9 @@ compressed indices, plain indices and values, quantized tensors through their in
 quantization parameters, nested tensors through their components, MKL-DNN tensors through their dense copy.
 The digest of such a tensor is BLAKE2b-128 over a header (layout, dtype, shape, ...) and the fingerprints of
 those parts. Every dtype torch has (float8 and float4 variants, bool, complex, unsigned and sub-byte integers,
-bit types) is read as raw bytes. Only tensors without data (``meta``) cannot be fingerprinted.
+bit types) is read as raw bytes. Plain contiguous CPU tensors are hashed in place; others are copied out first
+(same digest). Only tensors without data of their own cannot be fingerprinted: ``meta`` tensors, tensors whose
+storage was freed or shrunk under them, tensors inside ``torch.func`` transforms.
 
 Guarantees: no known blind spot. Any change of bytes, including a swap of two different values at any
 distance, changes the fingerprint except with the probability of a collision of the underlying 128-bit hash
