@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -220,6 +222,45 @@ def test_a_tensor_inside_vmap_gets_a_clear_error():
 
     torch.func.vmap(body)(torch.randn(3, 4))
     assert seen == [True]
+
+
+def test_a_tensor_inside_functionalize_gets_a_clear_error():
+    seen = []
+
+    def body(a):
+        view = a[10:]  # inside functionalize its data pointer is a made-up address (0x28 here)
+        assert fp_mod._direct_bytes(view) is None
+        for fp in (fp_mod.fingerprint, fp_mod.plain_cpu_fingerprint):
+            with pytest.raises(fp_mod.UnfingerprintableError, match="has no storage of its own"):
+                fp(view)
+        seen.append(True)
+        return a * 2
+
+    torch.func.functionalize(body)(torch.arange(100.0))
+    assert seen == [True]
+
+
+_SET_DURING_HASH = """
+import importlib, sys, threading, time, torch
+F = importlib.import_module("torchrepro.fingerprint")
+t = torch.ones(16 << 20)  # 64 MiB: xxhash releases the GIL while it reads
+expected = F.fingerprint(t)
+digests = []
+h = threading.Thread(target=lambda: digests.extend(F.plain_cpu_fingerprint(t) for _ in range(30)))
+h.start()
+time.sleep(0.05)
+t.set_(torch.zeros(3))  # the tensor lets go of its storage while another thread hashes it
+h.join()
+assert digests and set(digests) <= {expected, F.fingerprint(torch.zeros(3))}, digests
+print("ok", len(digests))
+"""
+
+
+def test_a_tensor_set_to_other_memory_while_it_is_hashed_does_not_crash():
+    """The bytes read in place stay allocated while they are hashed (the view holds the storage)."""
+    proc = subprocess.run([sys.executable, "-c", _SET_DURING_HASH], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.startswith("ok 30")
 
 
 def test_empty_strided_views_have_the_fingerprint_of_their_shape():

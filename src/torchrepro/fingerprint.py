@@ -122,6 +122,9 @@ def _check_readable(t: torch.Tensor) -> None:
     """Raise :class:`UnfingerprintableError` when :func:`fingerprint` cannot read ``t`` at all."""
     if t.device.type == "meta":
         raise UnfingerprintableError("cannot fingerprint a meta tensor (it has no data)")
+    if _is_transform_wrapper(t):
+        raise UnfingerprintableError("the tensor has no storage of its own (a torch.func transform's wrapper: "
+                                     "vmap, grad, functionalize); fingerprint it outside torch.func transforms")
     if t.layout not in _PARTS and not getattr(t, "is_nested", False):
         raise UnfingerprintableError(f"cannot fingerprint a tensor with layout {t.layout} (no known way to "
                                      "read its bits); convert it with .to_dense() first")
@@ -380,6 +383,10 @@ def _xxh3_parts(buf: Any) -> bytes:
 # address (a type per size would be cached by ctypes forever).
 _ADDRESS_SPACE = ctypes.c_ubyte * (sys.maxsize // 2)
 _PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+# A tensor seen inside torch.func transforms (vmap, grad, functionalize) wraps another: its data pointer and
+# storage are not its bytes (functionalize even reports a fake address).
+_is_transform_wrapper = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                                lambda t: False)
 
 
 def _direct_bytes(t: torch.Tensor) -> memoryview | None:
@@ -388,29 +395,35 @@ def _direct_bytes(t: torch.Tensor) -> memoryview | None:
     empty tensors, memory the tensor's storage does not cover). The op tracer's hot path: ~4x cheaper than
     ``detach().reshape(-1).view(uint8).numpy()``, which goes through the dispatcher three times."""
     if (type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
-            or t.is_nested or not t.is_contiguous() or t.is_conj() or t.is_neg()):
+            or t.is_nested or not t.is_contiguous() or t.is_conj() or t.is_neg() or _is_transform_wrapper(t)):
         return None
     try:
         n = t.nbytes
         ptr = t.data_ptr()
         storage = t.untyped_storage()
         start = storage.data_ptr()
-    except RuntimeError:  # no storage (a tensor inside torch.func transforms): the checked path says why
+    except RuntimeError:  # no storage (a tensor inside vmap or grad): the checked path says why
         return None
     if n <= 0 or not ptr or ptr < start or ptr + n > start + storage.nbytes():  # e.g. a storage resized to 0
         return None
-    return memoryview(_ADDRESS_SPACE.from_address(ptr))[:n].toreadonly()
+    view = _ADDRESS_SPACE.from_address(ptr)
+    view.storage = storage  # the memory stays allocated while the view lives, even if the tensor is set_() away
+    return memoryview(view)[:n].toreadonly()
 
 
-def _digest_xxh3(t: torch.Tensor, buf: Any = None) -> str:
-    """The XXH3 fingerprint of a CPU tensor; ``buf``: its bytes when the caller has them already."""
+def _digest_xxh3(t: torch.Tensor, buf: Any = None, header: bytes | None = None) -> str:
+    """The XXH3 fingerprint of a CPU tensor; ``buf``, ``header``: its bytes and header when the caller has them.
+
+    The header is read before the bytes: a tensor that another thread ``set_()``s to other memory meanwhile
+    gets its old digest (the bytes read in place stay allocated while they are hashed)."""
+    header = header if header is not None else _header(t)
     buf = buf if buf is not None else _direct_bytes(t)
     if buf is None:
         check_fingerprintable(t)
         flat = _flat_bits(t)
         buf = (flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat).numpy()
     parts = xxhash.xxh3_128_digest(buf) if 0 < len(buf) <= CHUNK else _xxh3_parts(buf)  # one chunk: no loop
-    return xxhash.xxh3_128_hexdigest(_header(t) + b"|" + parts)
+    return xxhash.xxh3_128_hexdigest(header + b"|" + parts)
 
 
 def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
@@ -418,11 +431,12 @@ def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
     path); ``None`` for every other tensor (other devices, sparse, quantized, nested, or no ``xxhash``)."""
     if xxhash is None or np is None:
         return None
+    header = _header(t)
     buf = _direct_bytes(t)  # most tensors: read in place, every other check already made
     if buf is None and (not t.is_cpu or t.layout is not torch.strided or t.is_quantized or t.is_nested):
         return None
     _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
-    return _digest_xxh3(t, buf)
+    return _digest_xxh3(t, buf, header)
 
 
 def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
