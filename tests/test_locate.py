@@ -273,3 +273,47 @@ def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
         list(read_ops(path))
     msg = str(exc.value)
     assert msg.startswith(f"{path}: line 2 is not a valid op record") and "op trace is corrupt" in msg
+
+
+_DIES_WHILE_TRACING = """
+import os, sys, torch
+from torchrepro.optrace import OpTracer
+x = torch.ones(3)
+tracer = OpTracer(path=sys.argv[1], keep=False).start()
+for _ in range(int(sys.argv[2])):
+    x = x + 1
+if sys.argv[3] == "fork":
+    pid = os.fork()
+    if pid == 0:  # the child runs ops and exits normally (atexit runs): it must write nothing
+        y = x * 2
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    x = x - 1
+raise RuntimeError("the script dies while the tracer is on")
+"""
+
+
+@pytest.mark.parametrize("adds", [10, 1100])  # fewer than one batch of queued records, and several batches
+def test_a_script_that_dies_while_tracing_keeps_every_record(tmp_path, adds):
+    from torchrepro.optrace import read_ops
+
+    path = tmp_path / "ops.jsonl"
+    p = subprocess.run([sys.executable, "-c", _DIES_WHILE_TRACING, str(path), str(adds), "-"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1 and "the script dies" in p.stderr
+    ops = list(read_ops(path))
+    assert [op["i"] for op in ops] == list(range(adds))
+    assert {op["op"] for op in ops} == {"aten.add"}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_never_writes_the_parents_queued_records(tmp_path):
+    from torchrepro.optrace import read_ops
+
+    path = tmp_path / "ops.jsonl"
+    p = subprocess.run([sys.executable, "-c", _DIES_WHILE_TRACING, str(path), "5", "fork"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1, p.stderr
+    ops = list(read_ops(path))
+    assert [op["op"] for op in ops] == ["aten.add"] * 5 + ["aten.sub"]  # the child's aten.mul stays out
+    assert [op["i"] for op in ops] == list(range(6))

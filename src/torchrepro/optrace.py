@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -214,6 +215,7 @@ class _FpCache:
 
 
 _OP_NAMES: dict[Any, str] = {}
+_QUEUE_RECORDS = 512  # records queued before they are encoded and written (see OpTracer.flush)
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(separators=) makes one per call
 
 
@@ -284,8 +286,20 @@ _active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
 
 def _before_fork() -> None:
     for tracer in list(_active_tracers):
+        tracer.flush()
         if tracer._file is not None:
             tracer._file.flush()  # nothing buffered may be copied into the child
+
+
+def _flush_at_exit() -> None:
+    """A script that ends (or dies of an exception) while tracing: its queued records still reach the file."""
+    for tracer in list(_active_tracers):
+        try:
+            tracer.flush()
+            if tracer._file is not None:
+                tracer._file.flush()
+        except (OSError, ValueError):  # a closed or failing file at exit: nothing more can be done
+            pass
 
 
 def _after_fork_in_child() -> None:
@@ -293,11 +307,13 @@ def _after_fork_in_child() -> None:
     for tracer in list(_active_tracers):
         tracer.recording = False
         tracer.keep = False
+        tracer._queue = []
         tracer._file = None  # the parent's file object: never written or flushed from here
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+atexit.register(_flush_at_exit)
 
 
 class OpTracer:
@@ -308,7 +324,8 @@ class OpTracer:
         self.models = models
         self.path = Path(path) if path else None
         self.keep = keep
-        self.ops: list[dict[str, Any]] = []
+        self._ops: list[dict[str, Any]] = []
+        self._queue: list[tuple] = []  # records not yet encoded (see flush())
         self.count = 0
         self.step: int | None = None  # set by the recorder: which training step the ops belong to
         self.fps = _FpCache()
@@ -347,15 +364,39 @@ class OpTracer:
             phase = "backward"
             found = self.node_sites.get(id(node))
             site, module = found if found is not None else (None, module)
-        entry = {"i": self.count, "step": self.step, "op": op, "phase": phase, "module": module,
-                 "file": site[0] if site else None, "line": site[1] if site else None,
-                 "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
+        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps))
         self.count += 1
-        if self._file is not None:  # the file leaves out the line's text: add_code() fills it in when read
-            self._file.write(_encode(entry) + "\n")
-        if self.keep:
-            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
-            self.ops.append(entry)
+        if len(self._queue) >= _QUEUE_RECORDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Turn the queued records into ``ops`` entries and JSON lines (written to the file's buffer).
+
+        Records are queued as tuples while ops run and encoded here in one go, between ops: Python code that
+        runs between large ops is slowed by the caches those ops flushed, so the tracer does as little as it
+        can there. Called every ``_QUEUE_RECORDS`` records, on stop, before a fork and at exit.
+        """
+        queue, self._queue = self._queue, []
+        if not queue:
+            return
+        lines = []
+        for i, step, op, phase, module, site, in_fps, out_fps in queue:
+            entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
+                     "file": site[0] if site else None, "line": site[1] if site else None,
+                     "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
+            if self._file is not None:  # the file leaves out the line's text: read_ops() fills it in
+                lines.append(_encode(entry))
+            if self.keep:
+                entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+                self._ops.append(entry)
+        if lines and self._file is not None:
+            self._file.write("\n".join(lines) + "\n")
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The op records so far (``keep=True``)."""
+        self.flush()
+        return self._ops
 
     def _refresh_names(self) -> None:
         models = self.models if self.models is not None else discover_models()
@@ -385,6 +426,7 @@ class OpTracer:
         """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
         the modes stay on the stacks, passing ops through, until :meth:`settle` is called from outside."""
         self.recording = False
+        self.flush()
         self.settle()
 
     def settle(self) -> None:
@@ -399,6 +441,7 @@ class OpTracer:
         self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
         self.fps.clear()
+        self.flush()
         if self._file is not None:
             self._file.close()
             self._file = None
