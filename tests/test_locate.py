@@ -317,3 +317,83 @@ def test_a_forked_child_never_writes_the_parents_queued_records(tmp_path):
     ops = list(read_ops(path))
     assert [op["op"] for op in ops] == ["aten.add"] * 5 + ["aten.sub"]  # the child's aten.mul stays out
     assert [op["i"] for op in ops] == list(range(6))
+
+
+def test_two_tracers_stopped_out_of_order_each_records_until_its_own_stop():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from torchrepro.optrace import OpTracer
+
+    x = torch.ones(3)
+    outer = OpTracer().start()
+    [x + 1 for _ in range(3)]
+    inner = OpTracer().start()
+    [x + 2 for _ in range(6)]
+    outer.stop()  # its modes are under the inner tracer's: they stay, passing ops through, until inner stops
+    [x + 3 for _ in range(3)]
+    inner.stop()
+    assert [op["op"] for op in inner.ops] == ["aten.add"] * 9 and outer.count == 9
+    assert not outer.active and not inner.active and _get_current_dispatch_mode() is None
+
+
+def test_an_interrupt_while_records_are_encoded_loses_none(tmp_path, monkeypatch):
+    import signal
+
+    from torchrepro import optrace
+
+    real, calls = optrace._encode, []
+
+    def encode(entry):
+        calls.append(entry["i"])
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGUSR1)  # the handler raises: a Ctrl-C in the middle of a batch
+        return real(entry)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optrace, "_encode", encode)
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        x = torch.ones(4)
+        tracer = optrace.OpTracer(path=tmp_path / "ops.jsonl", keep=True).start()
+        for _ in range(20):
+            x = x + 1
+        with pytest.raises(KeyboardInterrupt):  # raised once the batch is written
+            tracer.stop()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not tracer.active
+    assert [op["i"] for op in optrace.read_ops(tmp_path / "ops.jsonl")] == list(range(20))
+    assert [op["i"] for op in tracer.ops] == list(range(20))
+
+
+_LATE_ATEXIT = """
+import atexit, sys, torch
+state = {}
+
+def late():  # registered before torchrepro.optrace is imported: runs after the tracer's exit flush
+    x = state["x"]
+    for _ in range(7):
+        x = x * 2
+    with open(sys.argv[2], "w") as f:
+        f.write(str(state["tracer"].count))
+
+atexit.register(late)
+from torchrepro.optrace import OpTracer
+x = torch.ones(3)
+state["tracer"] = OpTracer(path=sys.argv[1], keep=False).start()
+for _ in range(5):
+    x = x + 1
+state["x"] = x
+"""
+
+
+def test_ops_after_the_exit_flush_are_neither_counted_nor_lost(tmp_path):
+    from torchrepro.optrace import read_ops
+
+    p = subprocess.run([sys.executable, "-c", _LATE_ATEXIT, str(tmp_path / "ops.jsonl"), str(tmp_path / "count")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert [op["op"] for op in read_ops(tmp_path / "ops.jsonl")] == ["aten.add"] * 5
+    assert (tmp_path / "count").read_text() == "5"

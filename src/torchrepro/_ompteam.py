@@ -15,7 +15,7 @@ forked after ``import torchrepro`` nor in a multiprocessing worker (libgomp's th
 Not detected: a process made by a bare ``os.fork()`` before torchrepro was imported, from a parent that ran
 parallel torch ops (``torchrepro run``/``check`` import torchrepro before the script starts, so not there);
 torch's own parallel ops hang in such a process too. Signals that arrive while the team works are handled
-right after it (see :func:`_signals_deferred`). Results never depend on which thread did what.
+right after it (see :func:`signals_deferred`). Results never depend on which thread did what.
 
 >>> out = [None, None]
 >>> def work(i: int) -> None:
@@ -103,7 +103,7 @@ _SIGNALS: list[int] = []  # every valid signal number, as plain ints (valid_sign
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Python signal handlers (Ctrl-C's KeyboardInterrupt) run in the main thread between bytecodes, which
     includes the first one of the team callback, outside its ``try``: ctypes would print and drop such an
     exception, and the interrupted region could then hang (seen in a probe). During the region the handlers
@@ -174,7 +174,7 @@ def run(fn: Callable[[int], None], threads: int) -> bool:
         errors: list[BaseException] = []
         done: set[int] = set()
         _job.update(fn=fn, lib=lib, errors=errors, done=done)
-        with _signals_deferred():
+        with signals_deferred():
             lib.GOMP_parallel(_body_c, None, threads, 0)  # ctypes releases the GIL while the team runs
         if errors:
             raise errors[0]

@@ -18,6 +18,7 @@ import atexit
 import json
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._modules import ModuleContext, discover_models
+from ._ompteam import signals_deferred
 from .errors import RunDirError
 from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many, plain_cpu_fingerprint
 
@@ -282,6 +284,8 @@ class _Function(TorchFunctionMode):
 
 
 _active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
+_current_function_mode = getattr(torch.overrides, "_get_current_function_mode", None)
+_current_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", None)
 
 
 def _before_fork() -> None:
@@ -294,6 +298,7 @@ def _before_fork() -> None:
 def _flush_at_exit() -> None:
     """A script that ends (or dies of an exception) while tracing: its queued records still reach the file."""
     for tracer in list(_active_tracers):
+        tracer.recording = False  # ops of atexit handlers that run after this one would be counted, never written
         try:
             tracer.flush()
             if tracer._file is not None:
@@ -376,9 +381,16 @@ class OpTracer:
         runs between large ops is slowed by the caches those ops flushed, so the tracer does as little as it
         can there. Called every ``_QUEUE_RECORDS`` records, on stop, before a fork and at exit.
         """
-        queue, self._queue = self._queue, []
-        if not queue:
+        if not self._queue:
             return
+        if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
+            with signals_deferred():  # a Ctrl-C mid-encoding must not drop the batch: it lands right after
+                self._encode_queue()
+        else:
+            self._encode_queue()
+
+    def _encode_queue(self) -> None:
+        queue, self._queue = self._queue, []
         lines = []
         for i, step, op, phase, module, site, in_fps, out_fps in queue:
             entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
@@ -426,12 +438,14 @@ class OpTracer:
         """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
         the modes stay on the stacks, passing ops through, until :meth:`settle` is called from outside."""
         self.recording = False
-        self.flush()
-        self.settle()
+        try:
+            self.flush()
+        finally:  # a Ctrl-C that arrived while the queue was encoded is raised by flush(): the modes still go
+            self.settle()
 
     def settle(self) -> None:
         """Take the modes off the stacks if recording has stopped and it is safe to do so now."""
-        if not self.active or self.recording or self.depth:
+        if not self.active or self.recording or self.depth or not self._modes_on_top():
             return
         for m in reversed(self._modes):
             m.__exit__(None, None, None)
@@ -441,12 +455,24 @@ class OpTracer:
         self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
         self.fps.clear()
-        self.flush()
-        if self._file is not None:
-            self._file.close()
+        try:
+            self.flush()
+        finally:
+            if self._file is not None:
+                self._file.close()
             self._file = None
-        self.active = False
-        _active_tracers.discard(self)
+            self.active = False
+            _active_tracers.discard(self)
+        for other in list(_active_tracers):  # a tracer stopped earlier under this one can leave the stacks now
+            if other.active and not other.recording:
+                other.settle()
+
+    def _modes_on_top(self) -> bool:
+        """Whether this tracer's modes are the innermost ones: leaving a mode pops the top of the stack, so a
+        tracer stopped while another started later is still on is kept (passing ops through) until then."""
+        if _current_function_mode is None or _current_dispatch_mode is None:
+            return True
+        return _current_function_mode() is self._modes[0] and _current_dispatch_mode() is self._modes[1]
 
 
 class trace_ops:  # noqa: N801 - reads as a function at call sites
