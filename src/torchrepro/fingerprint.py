@@ -128,9 +128,6 @@ def _check_readable(t: torch.Tensor) -> None:
     if t.layout not in _PARTS and not getattr(t, "is_nested", False):
         raise UnfingerprintableError(f"cannot fingerprint a tensor with layout {t.layout} (no known way to "
                                      "read its bits); convert it with .to_dense() first")
-    if (t.layout is torch.strided and t.device.type == "cpu" and not t.is_quantized  # quint4x2: packed
-            and not getattr(t, "is_nested", False)):
-        _check_storage_covers(t)
 
 
 def _check_storage_covers(t: torch.Tensor) -> None:
@@ -161,6 +158,8 @@ def check_fingerprintable(t: torch.Tensor) -> None:
     """
     _check_readable(t)
     if t.layout in _DIRECT_LAYOUTS and not getattr(t, "is_nested", False):
+        if t.device.type == "cpu" and not t.is_quantized:  # quint4x2 and friends pack several values per byte
+            _check_storage_covers(t)
         return
     kind = "a nested tensor" if getattr(t, "is_nested", False) else f"a tensor with layout {t.layout}"
     raise UnfingerprintableError(f"{kind} has no single storage to read directly (fingerprint() reads it "
