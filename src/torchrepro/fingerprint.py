@@ -428,12 +428,11 @@ def _digest_xxh3(t: torch.Tensor, buf: Any = None, header: bytes | None = None) 
 def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
     """``fingerprint(t)`` for a plain strided CPU tensor, with the least Python work (the op tracer's hot
     path); ``None`` for every other tensor (other devices, sparse, quantized, nested, or no ``xxhash``)."""
-    if xxhash is None or np is None:
+    if (xxhash is None or np is None or not t.is_cpu or t.layout is not torch.strided or t.is_quantized
+            or t.is_nested):
         return None
     header = _header(t)
-    buf = _direct_bytes(t)  # most tensors: read in place, every other check already made
-    if buf is None and (not t.is_cpu or t.layout is not torch.strided or t.is_quantized or t.is_nested):
-        return None
+    buf = _direct_bytes(t)  # most tensors: read in place
     _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
     return _digest_xxh3(t, buf, header)
 
