@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchrepro.nn as rnn
 import torchrepro.nn.functional as F
@@ -136,7 +138,7 @@ def test_alternatives_run_under_global_deterministic_mode(forced):
 def test_force_sorted_is_restored_after_an_exception():
     from torchrepro.nn import _rowsum
 
-    with pytest.raises(IndexError, match=r"index out of range: values must lie in \[0, 2\], got \[0, 5\]"):
+    with pytest.raises(IndexError, match=r"index out of range in self: got 5 for a dimension of size 3"):
         with force_sorted():
             F.index_add(torch.zeros(3), 0, torch.tensor([0, 5]), torch.ones(2))
     assert _rowsum.use_sorted(torch.device("cpu")) is False
@@ -548,6 +550,7 @@ def _builtin(exc: BaseException) -> type:
     return next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
 
 
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
 @pytest.mark.parametrize("forced", [False, True], ids=["cpu_path", "sort_path"])
 @pytest.mark.parametrize(("op", "args", "kwargs", "phrase"),
                          [pytest.param(*case[1:], id=f"{case[1]}: {case[0]}") for case in _BAD])
@@ -560,3 +563,71 @@ def test_bad_arguments_raise_the_exception_pytorch_raises(op, args, kwargs, phra
     assert _builtin(got.value) is _builtin(expected.value), (repr(expected.value), repr(got.value))
     assert phrase in str(expected.value), repr(expected.value)
     assert phrase in str(got.value), repr(got.value)
+
+
+def _good_calls(data: st.DataObject) -> dict[str, tuple[Callable, Callable, tuple]]:
+    """name -> (PyTorch op, alternative, arguments): shapes, dims (negative too), dtypes drawn by hypothesis."""
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), "shape")
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1), "dim")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), "seed"))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), "dtype")
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    n = data.draw(st.integers(0, 6), "picks")
+    idx = torch.randint(0, shape[dim], (n,), generator=g, dtype=data.draw(st.sampled_from([torch.int64,
+                                                                                            torch.int32])))
+    src = torch.randn([n if d == dim % len(shape) else s for d, s in enumerate(shape)], generator=g, dtype=dtype)
+    index_shape = [torch.randint(1, s + 1, (), generator=g).item() for s in shape]
+    sidx = torch.randint(0, shape[dim], index_shape, generator=g)
+    rows = torch.randint(-shape[0], shape[0], (n,), generator=g)
+    values = torch.randn(n, *shape[1:], generator=g, dtype=dtype)
+    counted = torch.randint(0, 5, (n,), generator=g, dtype=data.draw(st.sampled_from([torch.uint8, torch.int32,
+                                                                                      torch.int64])))
+    weights = (torch.randn(n, generator=g) * 10).to(data.draw(st.sampled_from([torch.float32, torch.float64,
+                                                                               torch.int64])))
+    minlength = data.draw(st.integers(0, 7), "minlength")
+    return {
+        "index_add": (torch.index_add, F.index_add, (x, dim, idx, src)),
+        "scatter_add": (torch.scatter_add, F.scatter_add, (x, dim, sidx, torch.randn(index_shape, dtype=dtype))),
+        "index_select": (torch.index_select, F.index_select, (x, dim, idx)),
+        "gather": (torch.gather, F.gather, (x, dim, sidx)),
+        "index_put": (_theirs_index_put, _ours_index_put, (x, (rows,), values)),
+        "bincount": (lambda *a: torch.bincount(*a, minlength=minlength),
+                     lambda *a: F.bincount(*a, minlength=minlength), (counted, weights)),
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_good_arguments_give_the_bits_of_pytorch_under_deterministic_mode(data):
+    calls = _good_calls(data)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected = {name: theirs(*args) for name, (theirs, _, args) in calls.items()}
+        for forced in (False, True):
+            with force_sorted(forced):
+                for name, (_, ours, args) in calls.items():
+                    got = ours(*args)
+                    assert got.dtype == expected[name].dtype and torch.equal(got, expected[name]), (name, forced)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("construction", ["native", "subpixel", "zero_insertion"])
+def test_conv_transpose2d_takes_unbatched_input_as_pytorch_does(construction):
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(0)
+    ref = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2, dilation=(1, 2)).double()
+    ours = rnn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2, dilation=(1, 2), construction=construction)
+    ours.double().load_state_dict(ref.state_dict())
+    x = torch.randn(4, 5, 6, generator=g, dtype=torch.float64)
+    for output_size, shape in ((None, (6, 9, 13)), ([10, 14], (6, 10, 14))):
+        expected = ref(x, output_size=output_size)
+        got = ours(x, output_size=output_size)
+        assert got.shape == expected.shape == shape
+        if construction == "native":
+            assert torch.equal(got, expected)
+        torch.testing.assert_close(got, expected, **TOLERANCE[torch.float64])
+        assert torch.equal(got, ours(x.unsqueeze(0), output_size=output_size).squeeze(0))
+    with pytest.raises(RuntimeError, match="output padding must be smaller than either stride or dilation"):
+        rnn.ConvTranspose2d(1, 1, 2, stride=2, output_padding=2, construction=construction)(torch.ones(1, 3, 3))
