@@ -141,7 +141,7 @@ def _make_object() -> object:
     (lambda: [torch.Generator()], "output[0]", "Generator (torch._C.Generator)"),
 ])
 def test_an_object_that_cannot_be_compared_is_an_error_not_a_verdict(build, path, kind):
-    name = getattr(build, "__qualname__")
+    name = build.__qualname__
     with pytest.raises(TypeError) as info:
         torchrepro.assert_deterministic(build)
     assert isinstance(info.value, ReproError)
