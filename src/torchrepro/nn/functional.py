@@ -160,7 +160,8 @@ def _index_add_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, source
         raise ArgumentError("index_add_(): source tensor shape must match self tensor shape, excluding the "
                             f"specified dimension. Got self.shape = {list(input.shape)} source.shape = "
                             f"{list(source.shape)}")
-    _check_bounds(index, _size_at(input, dim), dim, vector=input.dim() <= 1, what="index_add_()")
+    if input.dim() > 1 or use_sorted(input.device):  # 1-D on CPU: PyTorch's kernel raises the same IndexError
+        _check_bounds(index, _size_at(input, dim), dim, vector=input.dim() <= 1, what="index_add_()")
     return dim
 
 
@@ -431,17 +432,18 @@ def _integer_dtype(input: torch.Tensor, what: str) -> None:
                                     "integers")
 
 
-def _bincount_checks(input: torch.Tensor, weights: torch.Tensor, minlength: int) -> None:
-    """PyTorch's checks of a weighted bincount of a non-empty input, in its order."""
+def _bincount_checks(input: torch.Tensor, weights: torch.Tensor) -> int:
+    """PyTorch's checks of a weighted bincount of a non-empty input, in its order; the largest value."""
     if input.dim() != 1:
         raise ArgumentError(f"bincount: the input must be 1-d (bincount only supports 1-d non-negative integral "
                             f"inputs), got a {input.dim()}-D tensor")
-    low = int(input.min())
+    low, high = (int(v) for v in torch.aminmax(input))
     if low < 0:
         raise ArgumentError(f"bincount: input must be non-negative, got the value {low}")
     if weights.dim() != 1 or weights.shape[0] != input.shape[0]:
         raise ArgumentError(f"bincount: weights should be 1-d and have the same length as input "
                             f"({input.shape[0]}), got shape {list(weights.shape)}")
+    return high
 
 
 def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
@@ -460,10 +462,10 @@ def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength
         raise ArgumentError(f"bincount: minlength should be >= 0, got {minlength}")
     if input.dim() == 1 and not input.numel():  # PyTorch returns int64 zeros here, whatever the weights
         return torch.zeros(minlength, dtype=torch.int64, device=input.device)
-    _bincount_checks(input, weights, minlength)
+    high = _bincount_checks(input, weights)
     dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
-    zeros = torch.zeros(max(int(input.max()) + 1, minlength), dtype=dtype, device=weights.device)
-    return index_add(zeros, 0, input.to(torch.int64), weights.to(dtype))
+    zeros = torch.zeros(max(high + 1, minlength), dtype=dtype, device=weights.device)
+    return _IndexAdd.apply(zeros, 0, input.to(torch.int64), weights.to(dtype), 1)  # values checked above
 
 
 def _histc_edges(input: torch.Tensor, min: float, max: float) -> tuple[float, float]:
