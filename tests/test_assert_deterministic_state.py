@@ -124,7 +124,7 @@ def test_a_differing_field_is_named(what, named):
 
 
 def _opaque_message(what: str, path: str, kind: str) -> str:
-    return (f"{what} cannot be checked: {path} is a {kind}, which cannot be compared between calls (it holds no "
+    return (f"{what} cannot be checked: {path} is of type {kind}, which cannot be compared between calls (it holds no "
             "tensors, numbers or fields to compare, and == on it compares identity). Return what must come out "
             "the same instead: tensors, numbers or strings, a module or optimizer (compared by its state_dict()), "
             "or lists, dicts, dataclasses or objects of them.")

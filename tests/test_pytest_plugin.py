@@ -194,6 +194,6 @@ def test_opaque():
     text = result.stdout.str()
     assert "test test_unseeded_init is not deterministic (2 calls, each from the same RNG state; compared bitwise " \
            "(atol=0, rtol=0)): output.bias differs between call 1 and call 2: 2 of 2 elements differ" in text
-    assert "test test_opaque cannot be checked: output['callback'] is a object (builtins.object), which cannot be " \
-           "compared between calls" in text
+    assert "test test_opaque cannot be checked: output['callback'] is of type object (builtins.object), which " \
+           "cannot be compared between calls" in text
     assert "Traceback" not in text and "UncomparableResultError" not in text

@@ -719,7 +719,7 @@ class UncomparableResultError(ReproError, TypeError):
 
     def named(self, what: str) -> UncomparableResultError:
         """The same error, its message naming ``what`` returned the object."""
-        self.args = (f"{what} cannot be checked: {self.path} is a {self.kind}, which cannot be compared between "
+        self.args = (f"{what} cannot be checked: {self.path} is of type {self.kind}, which cannot be compared between "
                      f"calls ({self.why}). Return what must come out the same instead: tensors, numbers or strings, "
                      "a module or optimizer (compared by its state_dict()), or lists, dicts, dataclasses or objects "
                      "of them.",)

@@ -73,18 +73,19 @@ def _scalar(t: torch.Tensor) -> str:
     return t.type().rsplit(".", 1)[-1].removesuffix("Tensor")
 
 
-def _wrap_dim(dim: Any, ndim: int) -> int:
+def _wrap_dim(dim: Any, ndim: int, what: str) -> int:
     """``dim`` wrapped into [0, ndim) as PyTorch wraps it (a 0-d tensor counts as 1-D); IndexError outside."""
     dim = operator.index(dim)  # a float: TypeError, as PyTorch
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise ArgumentIndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+        raise ArgumentIndexError(f"{what}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but "
+                                 f"got {dim})")
     return dim % n
 
 
-def _size_at(t: torch.Tensor, d: int) -> int:
+def _size_at(t: torch.Tensor, d: int, what: str) -> int:
     """``t.size(d)``, 1 for a 0-d tensor (PyTorch's ensure_nonempty_size)."""
-    return 1 if t.dim() == 0 else t.shape[_wrap_dim(d, t.dim())]
+    return 1 if t.dim() == 0 else t.shape[_wrap_dim(d, t.dim(), what)]
 
 
 def _check_index(index: torch.Tensor, what: str) -> None:
@@ -140,7 +141,7 @@ class _IndexAdd(torch.autograd.Function):
 
 def _index_add_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, source: torch.Tensor) -> int:
     """PyTorch's checks of index_add's arguments, in its order; the wrapped ``dim``."""
-    dim = _wrap_dim(dim, input.dim())
+    dim = _wrap_dim(dim, input.dim(), "index_add")
     if index.dim() > 1:
         raise ArgumentIndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with "
                                  f"type: {_scalar(index)} and size: {list(index.shape)}")
@@ -161,7 +162,7 @@ def _index_add_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, source
                             f"specified dimension. Got self.shape = {list(input.shape)} source.shape = "
                             f"{list(source.shape)}")
     if input.dim() > 1 or use_sorted(input.device):  # 1-D on CPU: PyTorch's kernel raises the same IndexError
-        _check_bounds(index, _size_at(input, dim), dim, vector=input.dim() <= 1, what="index_add_()")
+        _check_bounds(index, _size_at(input, dim, "index_add"), dim, vector=input.dim() <= 1, what="index_add_()")
     return dim
 
 
@@ -198,7 +199,7 @@ def _flat_targets(shape: Sequence[int], dim: int, index: torch.Tensor) -> torch.
 def _scatter_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if not use_sorted(inp.device):  # CPU: scatter_add_ runs serially, in index order (checked by the tests)
         return inp.clone().scatter_add_(dim, index, src)
-    _check_bounds(index, _size_at(inp, dim), dim, vector=False, what="scatter_add")
+    _check_bounds(index, _size_at(inp, dim, "scatter_add"), dim, vector=False, what="scatter_add")
     picked = src[tuple(slice(0, n) for n in index.shape)]
     flat = row_sum(inp.contiguous().view(-1, 1), _flat_targets(inp.shape, dim, index), picked.reshape(-1, 1))
     return flat.view(inp.shape)
@@ -228,7 +229,7 @@ class _ScatterAdd(torch.autograd.Function):
 
 def _scatter_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, src: torch.Tensor) -> int:
     """PyTorch's checks of scatter's arguments (scatter_gather_dtype_check, scatter_shape_check); the wrapped dim."""
-    dim = _wrap_dim(dim, input.dim())
+    dim = _wrap_dim(dim, input.dim(), "scatter_add")
     if index.numel() and index.dtype not in (torch.int64, torch.int32):
         _check_index(index, "scatter_add()")
     if src.dtype != input.dtype:
@@ -240,8 +241,9 @@ def _scatter_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, src: tor
     if max(index.dim(), 1) != dims:
         raise ArgumentError(f"scatter_add(): Index tensor must have the same number of dimensions as self tensor "
                             f"({input.dim()}), got {index.dim()}")
-    wrong = (any(_size_at(index, d) > _size_at(input, d) for d in range(dims) if d != dim)
-             or any(_size_at(index, d) > _size_at(src, d) for d in range(dims)))
+    here = "scatter_add: src has fewer dimensions than index"
+    wrong = (any(_size_at(index, d, here) > _size_at(input, d, here) for d in range(dims) if d != dim)
+             or any(_size_at(index, d, here) > _size_at(src, d, here) for d in range(dims)))
     if wrong:
         raise ArgumentError(f"scatter_add(): Expected index {list(index.shape)} to be no larger than self "
                             f"{list(input.shape)} apart from dimension {dim} and to be no larger size than src "
@@ -269,7 +271,7 @@ _INTEGER_INDICES = (torch.int64, torch.int32)
 def _mask_positions(inp: torch.Tensor, mask: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
     """The positions a mask selects over dims ``start, start + 1, ...`` of ``inp`` (PyTorch's shape checks)."""
     for j, size in enumerate(mask.shape):
-        at = _wrap_dim(start + j, inp.dim())
+        at = _wrap_dim(start + j, inp.dim(), "index_put: a mask indexes past the last dimension")
         if size != inp.shape[at]:
             raise ArgumentIndexError(f"index_put: The shape of the mask {list(mask.shape)} at index {j} does not "
                                      f"match the shape of the indexed tensor {list(inp.shape)} at index {at}")
@@ -407,7 +409,7 @@ def index_select(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Te
     >>> index_select(torch.arange(4.0), 0, torch.tensor([3, 3, 0])).tolist()
     [3.0, 3.0, 0.0]
     """
-    dim = _wrap_dim(dim, input.dim())
+    dim = _wrap_dim(dim, input.dim(), "index_select")
     if index.dim() > 1:
         raise ArgumentIndexError(f"index_select(): Index is supposed to be a vector, got shape {list(index.shape)}")
     _check_index(index, "index_select()")
@@ -420,7 +422,7 @@ def gather(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     >>> gather(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 1, torch.tensor([[1, 1], [0, 1]])).tolist()
     [[2.0, 2.0], [3.0, 4.0]]
     """
-    return _Gather.apply(input, _wrap_dim(dim, input.dim()), index)  # torch.gather checks the rest
+    return _Gather.apply(input, _wrap_dim(dim, input.dim(), "gather"), index)  # torch.gather checks the rest
 
 
 # ------------------------------------------------------------------------------------------ bincount, histc
