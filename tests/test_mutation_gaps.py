@@ -302,11 +302,15 @@ def test_t_cdf_of_negative_t_matches_tables(t, df, p):
 
 
 # --- 11. log_metric(True) ---------------------------------------------------------------------------------------
-def test_log_metric_refuses_a_bool(tmp_path):
+def test_log_metric_refuses_a_bool():
     for value in (True, False):
         with pytest.raises(TypeError, match=rf"^log_metric\('ok', ...\): the value must be a real number or a "
                                             rf"one-element tensor, got {value} of type bool\.$"):
             torchrepro.log_metric("ok", value)
+    with pytest.raises(TypeError, match=r"^log_metric\('ok', ...\): the value is a bool tensor; pass a number "
+                                        r"\(e\.g\. tensor\.float\(\)\.mean\(\)\.item\(\) for a fraction\)\.$"):
+        torchrepro.log_metric("ok", torch.tensor(True))
+    assert torchrepro.log_metric("ok", 1) == 1.0 and torchrepro.log_metric("ok", torch.tensor(1)) == 1.0
 
 
 # --- 12. noqa codes are prefixes ----------------------------------------------------------------------------------
