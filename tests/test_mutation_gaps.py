@@ -18,7 +18,7 @@ from torch import nn
 import torchrepro
 from torchrepro.cli._series import Launched
 from torchrepro.cli.variance_cmd import _value
-from torchrepro.compare import tensor_delta, ulp_distance
+from torchrepro.compare import compare_runs, tensor_delta, ulp_distance
 from torchrepro.compilelocate import locate_compiled
 from torchrepro.envdiff import BENIGN, BREAKS, MAY, diff_environments
 from torchrepro.lint import LintConfig, lint_source
@@ -267,6 +267,26 @@ def test_measure_takes_max_abs_and_ulp_over_every_run():
     assert grad.max_abs == 3.0  # |4.0 - 1.0|, not |1.5 - 1.0|
     assert grad.max_ulp == ulp_distance(torch.tensor([1.0]), torch.tensor([4.0])) == 2 << 23
     assert report.max_abs == 3.0 and report.max_ulp == 2 << 23
+
+
+def test_compare_runs_takes_max_abs_and_ulp_over_every_run(tmp_path):
+    from tests.test_compare import make_run
+
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    moved = {"a": 0.0, "b": 0.25, "c": 1.0}  # run 3 lies furthest from run 1
+    runs = [make_run(tmp_path, name, change=frozenset() if name == "a" else frozenset({("grads", 2), ("params", 2),
+                                                                                        ("params", 3), ("state", 2)}),
+                     values={"final": {"fc.weight": w + d, "fc.bias": torch.ones(2)},
+                             "step_000002": {"fc.weight": w + d, "fc.bias": torch.ones(2)},
+                             "grads_000002": {"fc.weight": w * (1 + d), "fc.bias": torch.ones(2)}})
+            for name, d in moved.items()]
+    r = compare_runs(runs)
+    assert r.verdict == "diverged" and r.first_step == 2
+    assert r.final_max_abs_delta == 1.0 and r.final_max_abs_delta_tensor == "fc.weight"
+    assert r.max_ulp == ulp_distance(w, w + 1.0) and r.max_ulp > ulp_distance(w, w + 0.25)
+    assert r.param_delta[2] == 1.0
+    grads = next(e for e in r.value_deltas if e["kind"] == "grads")
+    assert (grads["max_abs_delta"], grads["tensor"]) == (4.0, "fc.weight")  # |4 * 2 - 4|, not |4 * 1.25 - 4|
 
 
 # --- 9. NaN metrics are kept, and never count as equal ---------------------------------------------------------
