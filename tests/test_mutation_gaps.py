@@ -45,7 +45,7 @@ def _doc(**values: object) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("key, a, b, rank, reason", [
+RANKED = [
     ("cuda.runtime", "12.1", "12.4", BREAKS, "another CUDA runtime brings other library kernels"),
     ("torch_build.cuda", "12.1", "12.4", BREAKS, "torch built for another CUDA version uses other CUDA libraries"),
     ("accelerators.0.name", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", BREAKS,
@@ -59,7 +59,10 @@ def _doc(**values: object) -> dict:
      "another driver can JIT-compile PTX differently and change library heuristics"),
     ("accelerators.0.memory_bytes", 80, 40, MAY, "memory limits can change cuDNN/cuBLAS algorithm choice"),
     ("launch.max_steps", 3, 5, BENIGN, "does not change what each step computes"),
-])
+]
+
+
+@pytest.mark.parametrize("key, a, b, rank, reason", RANKED, ids=[row[0] for row in RANKED])
 def test_env_difference_gets_its_rank_and_reason(key, a, b, rank, reason):
     field = key.replace(".", "__")
     diff = diff_environments(_doc(**{field: a}), _doc(**{field: b}))
