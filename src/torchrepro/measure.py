@@ -863,6 +863,11 @@ def _tensor_mismatch(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float)
     return text
 
 
+def _close(a: float, b: float, atol: float, rtol: float) -> bool:
+    """``|a - b| <= atol + rtol * |b|`` for finite numbers, as torch.isclose compares tensors (Inf only equals Inf)."""
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= atol + rtol * abs(b)
+
+
 def _leaf_mismatch(a: Any, b: Any, atol: float, rtol: float, path: str = "output") -> str | None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
@@ -870,7 +875,7 @@ def _leaf_mismatch(a: Any, b: Any, atol: float, rtol: float, path: str = "output
         return _tensor_mismatch(a, b, atol, rtol)
     if isinstance(a, float) and isinstance(b, float):
         same = a.hex() == b.hex() or (math.isnan(a) and math.isnan(b)) or (
-            (atol or rtol) and math.isclose(a, b, rel_tol=rtol, abs_tol=atol))
+            bool(atol or rtol) and _close(a, b, atol, rtol))
         return None if same else f"is {a!r} in one call and {b!r} in the other (|Δ| {abs(a - b):.6g})"
     try:
         same = bool(a == b) and type(a) is type(b)
