@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import random
+import re
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -197,8 +201,78 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     model = nn.Linear(256, 256)
     assert torchrepro.load_checkpoint(path, model=model)["step"] == 1
     assert model.weight.abs().sum() > 0  # the old weights, not the zeroed ones
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
-    assert all(name.startswith(".ckpt.pt.") for name in leftovers)
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(f".ckpt.pt.torchrepro-{proc.pid}-")
+    unrelated = tmp_path / ".ckpt.pt.backup.tmp"
+    unrelated.write_bytes(b"keep")
+    old = time.time() - 120  # a dead writer's temp is removed once it is a minute old
+    for p in (leftovers[0], unrelated):
+        os.utime(p, (old, old))
+    torchrepro.save_checkpoint(path, model=model, step=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.pt.backup.tmp", "ckpt.pt"]
+
+
+class _FullDisk:
+    """The file torch.save writes into, on a disk that is full after ``room`` bytes."""
+
+    def __init__(self, f, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def test_full_disk_during_save_says_so_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    model = nn.Linear(64, 64)
+    path = tmp_path / "ckpt.pt"
+    torchrepro.save_checkpoint(path, model=model, step=1)
+    old = path.read_bytes()
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 4096)))
+    for target, kept in ((path, f"The previous checkpoint at {path} is intact."),
+                         (tmp_path / "new.pt", f"Nothing was written at {tmp_path / 'new.pt'}.")):
+        with pytest.raises(CheckpointError) as info:
+            torchrepro.save_checkpoint(target, model=model, step=2)
+        assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+        assert re.fullmatch(rf"{re.escape(str(target))}: could not be saved: no space left on device \(the write "
+                            rf"failed after \d+ bytes of the new checkpoint\)\. {re.escape(kept)} Free space on that "
+                            r"disk \(or raise the file-size limit or quota\), or save elsewhere, then save again\.",
+                            str(info.value)), str(info.value)
+        assert "enforce fail" not in str(info.value)
+    monkeypatch.undo()
+    assert path.read_bytes() == old and torchrepro.load_checkpoint(path, model=nn.Linear(64, 64))["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temp file left, no new.pt
+
+
+FILE_SIZE_LIMIT = r"""
+import resource, signal, sys, torch, torchrepro
+model = torch.nn.Linear(256, 256)
+torchrepro.save_checkpoint(sys.argv[1], model=model, step=1)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+try:
+    torchrepro.save_checkpoint(sys.argv[1], model=model, step=2)
+except torchrepro.errors.CheckpointError as exc:
+    print(exc)
+"""
+
+
+def test_file_size_limit_during_save_says_so(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    p = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMIT, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{path}: could not be saved: file too large (a file-size limit such as `ulimit "
+                               "-f`, or the filesystem's maximum) (the write failed after 65536 bytes of the new "
+                               f"checkpoint). The previous checkpoint at {path} is intact."), p.stdout
+    assert torchrepro.load_checkpoint(path, model=nn.Linear(256, 256))["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
 # --- resumable loader ----------------------------------------------------------------------------------
@@ -289,3 +363,11 @@ def test_loader_leaves_the_callers_rng_streams_alone(num_workers):
     loader = torchrepro.ResumableLoader(Augmenting(), batch_size=2, seed=3, num_workers=num_workers)
     got = [_caller_draws() for _ in loader]
     assert got == expected  # random, NumPy and torch, each compared exactly
+
+
+def test_unwritable_checkpoint_directory_is_named(tmp_path):
+    model = nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match=r"could not be saved: Not a directory.* Nothing was written at .*"
+                                              r"Check that the directory exists and is writable"):
+        (tmp_path / "file").write_text("x")
+        torchrepro.save_checkpoint(tmp_path / "file" / "c.pt", model=model, step=1)

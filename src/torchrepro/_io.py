@@ -46,7 +46,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, dura
     if through:
         _write_through(target, write)
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(target.parent)
     if clean_stale:
         remove_stale_temps(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.torchrepro-{os.getpid()}-", suffix=".tmp", dir=target.parent)
@@ -77,15 +77,20 @@ def write_target(path: Path) -> tuple[Path, bool]:
     """
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # not there yet (or under a file: creating it says so)
         mode = None
-    except OSError as exc:
-        raise OutputDirError(f"{path}: cannot be examined ({exc.strerror or exc}).") from None
     if mode is not None and stat.S_IFMT(mode) in _REFUSED:
         raise OutputDirError(f"{path}: is {_REFUSED[stat.S_IFMT(mode)]}.")
     if mode is not None and (stat.S_IFMT(mode) in _THROUGH or _via_fd_link(path)):
         return path, True
     return Path(os.path.realpath(path)), False
+
+
+def _make_parent(parent: Path) -> None:
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where the directory should be
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent)) from None
 
 
 def _via_fd_link(path: Path) -> bool:

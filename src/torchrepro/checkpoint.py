@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ._io import atomic_write
+from ._io import atomic_write, disk_error, disk_problem
 from .data import ResumableLoader
 from .errors import CheckpointError, MissingGeneratorError, ReproWarning, StateFileError
 from .rng import RNGState, parse_state
@@ -107,8 +107,30 @@ def save_checkpoint(
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
-    atomic_write(path, lambda f: torch.save(payload, f))
+    existed = path.is_file()
+    try:
+        atomic_write(path, lambda f: torch.save(payload, f), clean_stale=True)
+    except OSError as exc:
+        raise _write_error(path, exc, existed) from exc
     return path
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint that could not be written (no space, a size limit, a quota...); the old file is intact.
+
+    Also an :class:`OSError` with the ``errno`` of the failed write.
+    """
+
+
+def _write_error(path: Path, exc: OSError, existed: bool) -> CheckpointWriteError:
+    written = getattr(exc, "bytes_written", None)
+    after = f" (the write failed after {written} bytes of the new checkpoint)" if written is not None else ""
+    kept = f"The previous checkpoint at {path} is intact." if existed else f"Nothing was written at {path}."
+    action = ("Free space on that disk (or raise the file-size limit or quota), or save elsewhere, then save "
+              "again." if disk_error(exc) else "Check that the directory exists and is writable, then save again.")
+    err = CheckpointWriteError(path, f"could not be saved: {disk_problem(exc)}{after}. {kept}", action)
+    err.errno = exc.errno
+    return err
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
