@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -19,6 +20,7 @@ from torch import nn
 import torchrepro
 from torchrepro.checkpoint import read_checkpoint
 from torchrepro.errors import CheckpointError, ReproWarning
+from torchrepro.resume import ResumeRunError
 
 from . import resume_setup
 
@@ -45,6 +47,7 @@ def test_resume_mid_epoch_is_bitwise(tmp_path):
     report = torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=13, resume_at=5,
                                       workdir=tmp_path)
     assert report.identical, str(report)
+    assert (tmp_path / "checkpoint.pt").is_file()  # a workdir the caller names is kept, with the checkpoint
 
 
 @pytest.mark.skipif(not _amp_supported(), reason="this torch has no CPU GradScaler / bf16 autocast")
@@ -69,6 +72,38 @@ def test_verify_resume_argument_errors():
     with pytest.raises(TypeError, match="must be a module-level function"):
         torchrepro.verify_resume(lambda: {}, resume_setup.step, steps=4, resume_at=2)
 
+
+
+def _resume_dirs(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("torchrepro-resume-"))
+
+
+def test_verify_resume_removes_its_temporary_directory_also_on_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    keep = tmp_path / "torchrepro-resume-not-ours"  # someone else's directory of the same prefix stays
+    keep.mkdir()
+    report = torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_tiny, steps=2, resume_at=1)
+    assert report.identical, str(report)
+    assert _resume_dirs(tmp_path) == ["torchrepro-resume-not-ours"]
+    with pytest.raises(ResumeRunError, match=r"the straight run \(steps 1\.\.2\) failed with exit code 1:\n"
+                                             r"(.|\n)*RuntimeError: the training step broke"):
+        torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_fails, steps=2, resume_at=1)
+    assert _resume_dirs(tmp_path) == ["torchrepro-resume-not-ours"]
+
+
+def test_verify_resume_timeout_names_the_run_and_kills_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("TORCHREPRO_TEST_PID_FILE", str(pid_file))
+    with pytest.raises(ResumeRunError) as info:
+        torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_hangs, steps=3, resume_at=1, timeout=30)
+    assert str(info.value) == ("verify_resume: the straight run (steps 1..3) did not finish within 30 s and was "
+                               "killed. Pass a larger timeout= if training is that slow, or look for a hang in "
+                               "build, step, save or load.")
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _resume_dirs(tmp_path) == []
 
 # --- checkpoint files --------------------------------------------------------------------------------
 def _small():
