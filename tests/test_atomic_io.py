@@ -53,6 +53,17 @@ def test_env_output_into_a_fifo_writes_through_it(tmp_path, capsys):
     assert json.loads(got[0])["torchrepro"]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+    capsys.readouterr()
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(tmp_path / "s.sock"))
+        assert main(["env", "-o", str(tmp_path / "s.sock")]) == 2
+        assert capsys.readouterr().err == (f"torchrepro: error: -o {tmp_path / 's.sock'}: is a socket, not a "
+                                           "regular file; torchrepro does not replace it: name a file.\n")
+    finally:
+        sock.close()
 
 
 def test_atomic_write_into_a_fifo_keeps_the_fifo(tmp_path):
@@ -99,7 +110,7 @@ def test_a_directory_or_a_socket_is_refused_and_kept(tmp_path):
     try:
         sock.bind(str(sock_path))
         with pytest.raises(OutputDirError, match=r"s.sock: is a socket, not a regular file; torchrepro does not "
-                                                 r"replace it"):
+                                                 r"replace it: name a file"):
             atomic_write_bytes(sock_path, b"x")
         assert stat.S_ISSOCK(os.lstat(sock_path).st_mode)
     finally:

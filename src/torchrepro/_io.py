@@ -26,8 +26,8 @@ STALE_DEAD_S = 60  # a dead writer's temp file is removed once unchanged this lo
 STALE_ANY_S = 24 * 3600  # any writer's: a pid reused by another process must not keep it forever
 _FD_LINKS = ("/proc/", "/dev/fd/")  # /dev/stdout -> /proc/self/fd/1: the descriptor the caller was given
 _REFUSED = {stat.S_IFDIR: "a directory, not a file; name a file to write",
-            stat.S_IFBLK: "a block device, not a regular file; torchrepro does not write to it",
-            stat.S_IFSOCK: "a socket, not a regular file; torchrepro does not replace it"}
+            stat.S_IFBLK: "a block device, not a regular file; torchrepro does not write to it: name a file",
+            stat.S_IFSOCK: "a socket, not a regular file; torchrepro does not replace it: name a file"}
 _THROUGH = (stat.S_IFCHR, stat.S_IFIFO)  # written through as `echo > PATH` would: /dev/null, a pipe, a tty
 
 
