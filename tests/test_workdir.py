@@ -1,0 +1,193 @@
+"""`check` knows when its runs share a working directory that one run wrote and a later one read (a script that
+resumes from its own snapshot), says so with what to do, and `--fresh-cwd` gives each run its own copy."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchrepro.workdir import WorkdirWatch, walk
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+
+# The DDP tutorial's pattern: resume from snapshot.pt if it exists, save it every epoch. It also keeps a cache it
+# writes and reads itself (a downloaded data set): both runs read the same bytes, so that is not reported.
+RESUMES = textwrap.dedent("""
+    import os, sys, torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = 0
+    if os.path.exists("snapshot.pt"):
+        snap = torch.load("snapshot.pt", weights_only=True)
+        model.load_state_dict(snap["model"])
+        start = snap["epoch"]
+    if not os.path.exists("cache.txt"):
+        with open("cache.txt", "w") as f:
+            f.write("0.5")
+    with open("cache.txt") as f:
+        scale = float(f.read())
+    x, y = torch.randn(8, 4) * scale, torch.randn(8, 1)
+    epochs = int(sys.argv[1]) if len(sys.argv) > 1 else start + 3
+    for epoch in range(start, epochs):
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        torch.save({"model": model.state_dict(), "epoch": epoch + 1}, "snapshot.pt")
+""")
+PLAIN = textwrap.dedent("""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).square().mean().backward()
+        opt.step()
+""")
+ADVICE = ("Delete those files before each run, point the script's output elsewhere, or rerun with "
+          "`torchrepro check --fresh-cwd -- ...` (each run in its own copy of the working directory).")
+
+
+def check(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchrepro", "check", *args], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, env=ENV)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(RESUMES)
+    (tmp_path / "data.txt").write_text("untouched")
+    return tmp_path
+
+
+def test_a_run_that_resumes_from_the_previous_runs_snapshot_is_named(project):
+    p = check(project, "--out", "out", "--", "python", "train.py")
+    assert p.returncode == 1, p.stderr
+    assert "DIVERGED at step 0" in p.stdout
+    assert ("Cause: shared-working-directory - The runs shared the working directory and a later run read what "
+            "an earlier one wrote there: run 2 opened snapshot.pt (created by run 1). The runs did not start "
+            "from the same state, so this comparison does not show whether the script is reproducible.") in p.stdout
+    assert f"Next:  {ADVICE}" in p.stdout
+    assert "initial-weights" not in p.stdout and "cache.txt" not in p.stdout
+    doc = json.loads((project / "out" / "check.json").read_text())
+    wd = doc["working_directory"]
+    assert doc["cause"] == "shared-working-directory" and wd["cause_otherwise"] == "initial-weights"
+    assert wd["isolated"] is False and wd["watch_truncated"] is False
+    assert wd["read_from_earlier_run"] == [{"run": 2, "path": "snapshot.pt", "how": "opened", "change": "created"}]
+
+
+def test_fresh_cwd_gives_each_run_its_own_copy(project):
+    p = check(project, "--fresh-cwd", "--json", "--out", "out", "--", "python", "train.py")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "identical" and doc["cause"] is None and doc["steps"] == [3, 3]
+    wd = doc["working_directory"]
+    assert wd["isolated"] is True and wd["read_from_earlier_run"] == [] and wd["warning"] is None
+    assert not (project / "snapshot.pt").exists() and not (project / "cache.txt").exists()  # the user's cwd is untouched
+    for i in (1, 2):
+        copy = project / "out" / f"run{i}-cwd"
+        assert wd["copies"][i - 1] == str(copy.resolve())
+        assert (copy / "train.py").read_text() == RESUMES and (copy / "data.txt").read_text() == "untouched"
+        assert (copy / "snapshot.pt").is_file() and not (copy / "out").exists()
+    # the same --out again: the old copies are torchrepro's own output and are replaced
+    p = check(project, "--fresh-cwd", "--out", "out", "--", "python", "train.py")
+    assert p.returncode == 0, p.stderr
+    assert "IDENTICAL" in p.stdout and "Warning" not in p.stdout
+
+
+def test_a_run_left_nothing_to_do_by_the_previous_one_says_why(project):
+    # range(start, 3): run 2 finds epoch 3 in snapshot.pt and trains nothing (the DDP tutorial at max_epochs)
+    p = check(project, "--out", "out", "--", "python", "train.py", "3")
+    assert p.returncode == 2
+    assert "run 2 of 2 finished but recorded no optimizer step" in p.stderr
+    assert "run 2 opened snapshot.pt (created by run 1)" in p.stderr and ADVICE in p.stderr
+
+
+def test_walk_is_bounded_and_skips_what_is_not_the_users(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_text(name)
+    for skipped in (".git", "__pycache__", "torchrepro-runs", "venv", "out"):
+        (tmp_path / skipped).mkdir()
+        (tmp_path / skipped / "x").write_text("x")
+    (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr")
+    snap = walk(tmp_path, skip=[tmp_path / "out"])
+    assert sorted(snap.entries) == ["a", "b", "c"] and not snap.truncated
+    snap = walk(tmp_path, limit=2)
+    assert sorted(snap.entries) == ["a", "b"] and snap.truncated
+
+
+def _reads(opened: dict[str, bool], root: Path) -> list[dict]:
+    return [{"root": str(root), "opened": opened, "listed": {}, "truncated": False}]
+
+
+def test_only_files_run_1_changed_and_did_not_read_back_itself_are_reported(tmp_path):
+    (tmp_path / "old.txt").write_text("old")
+    watch = WorkdirWatch(tmp_path)
+    watch.start()
+    (tmp_path / "snap.pt").write_text("s")  # run 1 writes, never reads
+    (tmp_path / "data.bin").write_text("d")  # run 1 writes, then reads it itself (fresh)
+    (tmp_path / "old.txt").write_text("older")  # run 1 rewrites a file it had read before (not fresh)
+    watch.reads[1] = _reads({"data.bin": True, "old.txt": False}, tmp_path)
+    watch.run_done(1, tmp_path / "nowhere")
+    watch.reads[1] = _reads({"data.bin": True, "old.txt": False}, tmp_path)
+    watch.reads[2] = _reads({"data.bin": False, "old.txt": False, "snap.pt": False, "x.pt": False}, tmp_path)
+    assert watch.shared() == [{"run": 2, "path": "old.txt", "how": "opened", "change": "changed"},
+                              {"run": 2, "path": "snap.pt", "how": "opened", "change": "created"}]
+
+
+def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path):
+    (tmp_path / "before.txt").write_text("b")
+    code = textwrap.dedent("""
+        import json, os, time
+        from torchrepro.workdir import ReadAudit
+        audit = ReadAudit(time.time_ns()).install()
+        open("new.txt", "w").write("n")
+        open("new.txt").read()
+        open("before.txt").read()
+        open("w.txt", "w").close()
+        fd = os.open("new.txt", os.O_RDONLY); os.close(fd)
+        os.listdir("."); os.listdir(os.path.dirname(os.__file__))
+        open("missing.txt", "a").close()  # appended, never read
+        print(json.dumps(audit.facts()))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    facts = json.loads(p.stdout)
+    assert facts == {"root": str(tmp_path.resolve()), "opened": {"new.txt": True}, "listed": {".": True},
+                     "truncated": False}
+
+
+def test_enospc_on_check_json_prints_the_verdict_and_exits_2(tmp_path, monkeypatch, capsys):
+    from torchrepro.cli import check_cmd, main
+
+    (tmp_path / "train.py").write_text(PLAIN)
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(check_cmd, "atomic_write_json", full)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    out = tmp_path / "out"
+    message = (f"torchrepro: error: could not write {out / 'check.json'} (No space left on device, ENOSPC); the "
+               "verdict above is complete but was not saved. Free disk space (or pass --out DIR on another disk) "
+               "and run the check again.")
+    assert main(["check", "--out", str(out), "--", "python", "train.py"]) == 2
+    captured = capsys.readouterr()
+    assert "torchrepro: IDENTICAL - 2 runs of `python train.py`, 3 steps each" in captured.out
+    assert message in captured.err and "internal error" not in captured.err
+    assert main(["check", "--json", "--out", str(out), "--", "python", "train.py"]) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # one JSON document
+    assert doc["verdict"] == "identical" and doc["exit_code"] == 2 and doc["error"] == message.split(": ", 2)[2]
+    assert message in captured.err and "internal error" not in captured.err
