@@ -92,7 +92,8 @@ def test_fresh_cwd_gives_each_run_its_own_copy(project):
     assert doc["verdict"] == "identical" and doc["cause"] is None and doc["steps"] == [3, 3]
     wd = doc["working_directory"]
     assert wd["isolated"] is True and wd["read_from_earlier_run"] == [] and wd["warning"] is None
-    assert not (project / "snapshot.pt").exists() and not (project / "cache.txt").exists()  # the user's cwd is untouched
+    # the user's working directory is untouched
+    assert not (project / "snapshot.pt").exists() and not (project / "cache.txt").exists()
     for i in (1, 2):
         copy = project / "out" / f"run{i}-cwd"
         assert wd["copies"][i - 1] == str(copy.resolve())

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .errors import ReproError
 
 WATCH_LIMIT = 20_000  # entries of the working directory stat'ed before and after run 1
 READ_LIMIT = 1_000  # paths a run's audit records
@@ -226,3 +229,44 @@ def shared_text(shared: list[dict[str, Any]]) -> str:
              f" ({s['change']} by run 1)" for s in shared[:SHOWN]]
     more = f" and {len(shared) - SHOWN} more" if len(shared) > SHOWN else ""
     return ", ".join(words) + more
+
+
+# --- check --fresh-cwd: each run in its own copy of the working directory ---------------------------------------
+COPY_FILES = 10_000
+COPY_BYTES = 256 * 2**20
+
+
+class WorkdirCopyError(ReproError):
+    """The working directory is too large to copy for every run (exit 2)."""
+
+
+def check_copyable(root: Path, skip: Iterable[Path] = ()) -> None:
+    """Raise unless ``root`` (as :func:`walk` sees it) holds at most COPY_FILES entries and COPY_BYTES."""
+    snap = walk(root, skip, limit=COPY_FILES)
+    size = sum(s for _, s, _ in snap.entries.values())
+    if snap.truncated or size > COPY_BYTES:
+        found = f"more than {COPY_FILES} files" if snap.truncated else f"{size / 2**20:.0f} MiB"
+        raise WorkdirCopyError(
+            f"--fresh-cwd copies the working directory {root} for every run, but it holds {found} (at most "
+            f"{COPY_FILES} files and {COPY_BYTES // 2**20} MiB are copied; version control, caches, virtual "
+            "environments and torchrepro-runs are left out). Run check from a smaller directory that holds the "
+            "script, or keep large data outside it (symlinks are copied as links), or drop --fresh-cwd.")
+
+
+def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> Path:
+    """Copy ``root`` into ``dest`` (replacing an earlier copy there), leaving out what :func:`walk` leaves out."""
+    skipped = {os.path.abspath(p) for p in skip}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if os.path.isdir(os.path.join(folder, n)) and not os.path.islink(
+            os.path.join(folder, n)) and (n in SKIP_DIRS or os.path.abspath(os.path.join(folder, n)) in skipped
+                                          or is_venv(os.path.join(folder, n)))}
+
+    try:
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        shutil.copytree(root, dest, symlinks=True, ignore=ignore)
+    except (OSError, shutil.Error) as exc:
+        raise WorkdirCopyError(f"--fresh-cwd: could not copy the working directory {root} to {dest} ({exc}). "
+                               "Free disk space or fix the permissions, or drop --fresh-cwd.") from None
+    return dest.resolve()
