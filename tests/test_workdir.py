@@ -99,10 +99,14 @@ def test_fresh_cwd_gives_each_run_its_own_copy(project):
         assert wd["copies"][i - 1] == str(copy.resolve())
         assert (copy / "train.py").read_text() == RESUMES and (copy / "data.txt").read_text() == "untouched"
         assert (copy / "snapshot.pt").is_file() and not (copy / "out").exists()
-    # the same --out again: the old copies are torchrepro's own output and are replaced
-    p = check(project, "--fresh-cwd", "--out", "out", "--", "python", "train.py")
+    # the same --out again: the old copies are torchrepro's own output and are replaced; a script named by its
+    # absolute path under the working directory is the copy's own (paths relative to __file__ land in the copy)
+    p = check(project, "--fresh-cwd", "--out", "out", "--", "python", str(project / "train.py"))
     assert p.returncode == 0, p.stderr
     assert "IDENTICAL" in p.stdout and "Warning" not in p.stdout
+    manifest = json.loads((project / "out" / "run2" / "manifest.json").read_text())
+    assert manifest["command"][1] == str((project / "out" / "run2-cwd").resolve() / "train.py")
+    assert manifest["cwd"] == str((project / "out" / "run2-cwd").resolve())
 
 
 def test_a_run_left_nothing_to_do_by_the_previous_one_says_why(project):
@@ -122,8 +126,12 @@ def test_walk_is_bounded_and_skips_what_is_not_the_users(tmp_path):
     (tmp_path / "venv" / "pyvenv.cfg").write_text("home = /usr")
     snap = walk(tmp_path, skip=[tmp_path / "out"])
     assert sorted(snap.entries) == ["a", "b", "c"] and not snap.truncated
-    snap = walk(tmp_path, limit=2)
-    assert sorted(snap.entries) == ["a", "b"] and snap.truncated
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("c", "a", "b"):
+        (flat / name).write_text(name)
+    snap = walk(flat, limit=2)
+    assert list(snap.entries) == ["a", "b"] and snap.truncated
 
 
 def _reads(opened: dict[str, bool], root: Path) -> list[dict]:
@@ -156,7 +164,12 @@ def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path)
         open("before.txt").read()
         open("w.txt", "w").close()
         fd = os.open("new.txt", os.O_RDONLY); os.close(fd)
-        os.listdir("."); os.listdir(os.path.dirname(os.__file__))
+        os.mkdir("sub")
+        try:
+            import not_a_module_anywhere  # the import system lists the cwd: not the script's doing
+        except ImportError:
+            pass
+        os.listdir("sub"); os.listdir(os.path.dirname(os.__file__))
         open("missing.txt", "a").close()  # appended, never read
         print(json.dumps(audit.facts()))
     """)
@@ -164,7 +177,7 @@ def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path)
                        timeout=120)
     assert p.returncode == 0, p.stderr
     facts = json.loads(p.stdout)
-    assert facts == {"root": str(tmp_path.resolve()), "opened": {"new.txt": True}, "listed": {".": True},
+    assert facts == {"root": str(tmp_path.resolve()), "opened": {"new.txt": True}, "listed": {"sub": True},
                      "truncated": False}
 
 

@@ -16,6 +16,7 @@ same bytes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -107,21 +108,24 @@ class Snapshot:
     truncated: bool
 
 
-def is_venv(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+def skipped_dir(path: str, skipped: set[str]) -> bool:
+    """Whether :func:`walk` and the copies leave the folder ``path`` out: version control, caches, virtual
+    environments, torchrepro's output, or one of ``skipped`` (real paths)."""
+    return (os.path.basename(path) in SKIP_DIRS or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+            or os.path.realpath(path) in skipped)
 
 
 def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Snapshot:
     """Stat ``root`` and what lies under it, breadth first in name order; symlinks are not followed; version
     control, caches, virtual environments, torchrepro's output and ``skip`` are left out; at most ``limit``."""
-    skipped = {os.path.abspath(p) for p in skip}
+    skipped = {os.path.realpath(p) for p in skip}
     entries: dict[str, tuple[int, int, int]] = {}
     queue = [(str(root), "")]
     while queue:
         path, rel = queue.pop(0)
         try:
-            with os.scandir(path) as it:
-                children = sorted(it, key=lambda e: e.name)
+            with os.scandir(path) as it:  # a huge flat folder is read only up to the limit
+                children = sorted(itertools.islice(it, limit + 1), key=lambda e: e.name)
         except OSError:
             continue
         for entry in children:
@@ -133,7 +137,7 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Sna
                 is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            if is_dir and (entry.name in SKIP_DIRS or os.path.abspath(entry.path) in skipped or is_venv(entry.path)):
+            if is_dir and skipped_dir(entry.path, skipped):
                 continue
             entries[sub] = (st.st_mtime_ns, st.st_size, st.st_ino)
             if is_dir:
@@ -255,12 +259,11 @@ def check_copyable(root: Path, skip: Iterable[Path] = ()) -> None:
 
 def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> Path:
     """Copy ``root`` into ``dest`` (replacing an earlier copy there), leaving out what :func:`walk` leaves out."""
-    skipped = {os.path.abspath(p) for p in skip}
+    skipped = {os.path.realpath(p) for p in skip}
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        return {n for n in names if os.path.isdir(os.path.join(folder, n)) and not os.path.islink(
-            os.path.join(folder, n)) and (n in SKIP_DIRS or os.path.abspath(os.path.join(folder, n)) in skipped
-                                          or is_venv(os.path.join(folder, n)))}
+        paths = {n: os.path.join(folder, n) for n in names}
+        return {n for n, p in paths.items() if os.path.isdir(p) and not os.path.islink(p) and skipped_dir(p, skipped)}
 
     try:
         if dest.is_dir() and not dest.is_symlink():
@@ -270,3 +273,16 @@ def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> Path:
         raise WorkdirCopyError(f"--fresh-cwd: could not copy the working directory {root} to {dest} ({exc}). "
                                "Free disk space or fix the permissions, or drop --fresh-cwd.") from None
     return dest.resolve()
+
+
+def script_in_copy(command: list[str], argv: list[str], root: Path, copy: Path) -> list[str]:
+    """``command`` (whose last ``len(argv)`` words are the script and its arguments) for a run in ``copy`` of
+    ``root``: a script under ``root`` is the copy's own (so that paths relative to ``__file__`` land in the copy
+    too), one elsewhere is given by its absolute path."""
+    i = len(command) - len(argv)
+    path = Path(command[i]).absolute()
+    try:
+        new = copy / path.relative_to(root)
+    except ValueError:
+        new = path
+    return [*command[:i], str(new), *command[i + 1:]]

@@ -19,7 +19,7 @@ from ..errors import EnvFileError, Interrupted, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch, parse_python_command, ranks_command
 from ..outdir import check_check_dir, check_run_dir, lock_dir, make_dir, unique_dir
 from ..store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, Run, load_run
-from ..workdir import WorkdirWatch, check_copyable, copy_workdir
+from ..workdir import WorkdirWatch, check_copyable, copy_workdir, script_in_copy
 from .run_cmd import add_launch_options, positive_int, runs_arg
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
@@ -184,6 +184,13 @@ class Isolation:
             return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=since)
         return dataclasses.replace(opts, record=str(run_dir))
 
+    def command(self, command: list[str]) -> list[str]:
+        """The command for the run just prepared: in a copy, the copy's script (see script_in_copy)."""
+        target = parse_python_command(command)
+        if not self.fresh or target.kind != "path":
+            return command
+        return script_in_copy(command, target.argv, Path.cwd(), Path(self.copies[-1]))
+
     def run_done(self, i: int, run_dir: Path) -> str | None:
         """Note what run ``i`` read; the warning if it read what run 1 wrote in the shared cwd."""
         if self.watch is None:
@@ -220,7 +227,7 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
             t0 = time.perf_counter()
             with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
                 try:
-                    result = launch(command, opts_i, stdout=so, stderr=se, on_poll=update)
+                    result = launch(isolation.command(command), opts_i, stdout=so, stderr=se, on_poll=update)
                 except Interrupted as exc:
                     raise Interrupted(exc.signum, f"{exc} Run {i} of {n} was interrupted; the output so far "
                                                   f"is in {out} (its stderr: {run_dir / 'stderr.txt'}).") from None
