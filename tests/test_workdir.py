@@ -194,8 +194,8 @@ def test_enospc_on_check_json_prints_the_verdict_and_exits_2(tmp_path, monkeypat
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     out = tmp_path / "out"
     message = (f"torchrepro: error: could not write {out / 'check.json'} (No space left on device, ENOSPC); the "
-               "verdict above is complete but was not saved. Free disk space (or pass --out DIR on another disk) "
-               "and run the check again.")
+               "verdict above is complete, only the file(s) named are missing. Free disk space (or pass --out DIR "
+               "on another disk) and run the check again.")
     assert main(["check", "--out", str(out), "--", "python", "train.py"]) == 2
     captured = capsys.readouterr()
     assert "torchrepro: IDENTICAL - 2 runs of `python train.py`, 3 steps each" in captured.out
@@ -205,3 +205,25 @@ def test_enospc_on_check_json_prints_the_verdict_and_exits_2(tmp_path, monkeypat
     doc = json.loads(captured.out)  # one JSON document
     assert doc["verdict"] == "identical" and doc["exit_code"] == 2 and doc["error"] == message.split(": ", 2)[2]
     assert message in captured.err and "internal error" not in captured.err
+
+
+def test_a_plot_that_cannot_be_written_is_said_and_check_json_says_so(tmp_path, monkeypatch, capsys):
+    from torchrepro import report
+    from torchrepro.cli.check_cmd import finish
+    from torchrepro.compare import CheckResult
+
+    def full(result, path):
+        raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
+
+    monkeypatch.setattr(report, "plot_check", full)
+    result = CheckResult(verdict="diverged", runs=["a", "b"], step_mode="optimizer", steps=[2, 2], first_step=1,
+                         cause="compute", losses=[[1.0, 0.5], [1.0, 0.6]], loss_delta=[0.0, 0.1])
+    assert finish(result, tmp_path, what="`python t.py`", as_json=False) == 2
+    captured = capsys.readouterr()
+    message = (f"could not write {tmp_path / 'check.png'} ({os.strerror(errno.EDQUOT)}, EDQUOT); the verdict above "
+               "is complete, only the file(s) named are missing. Free space within your disk quota (or pass --out "
+               "DIR on another disk) and run the check again.")
+    assert "torchrepro: DIVERGED at step 1" in captured.out and "Cause: compute" in captured.out
+    assert captured.err == f"torchrepro: error: {message}\n"
+    doc = json.loads((tmp_path / "check.json").read_text())
+    assert doc["exit_code"] == 2 and doc["error"] == message and doc["plot"] is None

@@ -313,8 +313,8 @@ def wrote(path: Path, write: Any, errors: WriteErrors) -> bool:
 def unsaved_message(errors: WriteErrors) -> str:
     """What could not be written, and what to do."""
     advice = WRITE_ADVICE_BY_ERRNO.get(errors[0][1], WRITE_ADVICE)
-    return (f"{'; '.join(e for e, _ in errors)}; the verdict above is complete but was not saved. {advice} and run "
-            "the check again.")
+    return (f"{'; '.join(e for e, _ in errors)}; the verdict above is complete, only the file(s) named are missing. "
+            f"{advice} and run the check again.")
 
 
 def print_verdict(doc: dict[str, Any], text: str, as_json: bool, errors: WriteErrors) -> int:
@@ -343,6 +343,8 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
         doc["environment_diff"] = environment.to_json(result.verdict)
     if located is not None:
         doc["locate"] = located
+    if errors:  # check.json says so too
+        doc["exit_code"], doc["error"] = 2, unsaved_message(errors)
     saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
     text = ""
     if not as_json:
