@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchrepro.compare import CheckResult
 from torchrepro.workdir import WorkdirWatch, walk
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -227,3 +228,40 @@ def test_a_plot_that_cannot_be_written_is_said_and_check_json_says_so(tmp_path, 
     assert captured.err == f"torchrepro: error: {message}\n"
     doc = json.loads((tmp_path / "check.json").read_text())
     assert doc["exit_code"] == 2 and doc["error"] == message and doc["plot"] is None
+
+
+def _identical() -> CheckResult:
+    return CheckResult(verdict="identical", runs=["a", "b"], step_mode="optimizer", steps=[2, 2],
+                       losses=[[1.0, 0.5], [1.0, 0.5]], loss_delta=[0.0, 0.0])
+
+
+def test_ranks_check_json_on_a_full_disk_prints_one_document_and_exits_2(tmp_path, monkeypatch, capsys):
+    from torchrepro.cli import _ranks
+    from torchrepro.rankcompare import RanksCheck
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(_ranks, "atomic_write_json", full)
+    check_ = RanksCheck(nproc=2, per_rank=[_identical(), _identical()], desync=[None, None])
+    assert _ranks.finish_ranks(check_, tmp_path, what="`python t.py`", as_json=True) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["verdict"] == "identical" and doc["exit_code"] == 2
+    assert doc["error"].startswith(f"could not write {tmp_path / 'check.json'} (No space left on device, ENOSPC)")
+    assert captured.err == f"torchrepro: error: {doc['error']}\n"
+
+
+def test_an_identical_verdict_that_read_an_earlier_runs_output_is_warned(tmp_path):
+    from torchrepro.cli._render import render
+    from torchrepro.compare import note_shared_workdir
+
+    result = _identical()
+    note_shared_workdir(result, {"read_from_earlier_run": [
+        {"run": 2, "path": "out/checkpoint-10", "how": "listed", "change": "created"}]})
+    assert result.verdict == "identical" and result.cause is None
+    text = render(result, what="`python t.py`")
+    assert text.splitlines()[1] == (
+        "Warning: The runs shared the working directory and a later run read what an earlier one wrote there: run 2 "
+        "listed out/checkpoint-10 (created by run 1). The runs did not start from the same state, so this comparison "
+        f"does not show whether the script is reproducible. {ADVICE}")
