@@ -224,6 +224,8 @@ class LaunchOptions:
     torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
     nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
     rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
+    cwd: str | None = None  # the script's working directory (None: this process's); see check --fresh-cwd
+    watch_since_ns: int | None = None  # audit reads under the cwd of files changed since then (workdir.ReadAudit)
 
 
 @dataclass
@@ -345,7 +347,7 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
     with _SignalForwarder() as fwd:
         try:
             cmd = torchrun_command(target, opts.nproc_per_node) if opts.nproc_per_node else target.child_command()
-            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr)
+            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd)
         except OSError as exc:
             raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
         fwd.proc = proc
@@ -406,7 +408,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
         summary.setdefault("fingerprint_algorithm", None)  # null: the child died before naming it
         manifest = {
             "command": list(command),
-            "cwd": os.getcwd(),
+            "cwd": opts.cwd or os.getcwd(),
             "exit_code": rc,
             "signal": signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None,
             "status": status,
@@ -477,7 +479,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         status = "interrupted"
     first_rank = ranks.get("rank0", {})
     manifest = write_manifest(record, {
-        "command": list(command), "cwd": os.getcwd(), "exit_code": rc, "status": status,
+        "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
         "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
@@ -614,6 +616,7 @@ def _child_main(argv: list[str]) -> int:
     from . import determinism, seeding
     from .envinfo import ScriptProbe, environment_summary
     from .record import MaxStepsReached, Recorder
+    from .workdir import READS_KEY, ReadAudit
 
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
@@ -629,6 +632,7 @@ def _child_main(argv: list[str]) -> int:
                             value_schedule=opts.value_schedule,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
+    audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
@@ -661,6 +665,8 @@ def _child_main(argv: list[str]) -> int:
             if probe is not None:
                 summary["audit_probe"] = probe.facts()
             summary["peak_memory"] = peak_memory()
+            if audit is not None:
+                summary[READS_KEY] = audit.facts()
             summary["torch"] = sys.modules["torch"].__version__
             summary["child_exit_code"], summary["child_ended"] = code, time.time()
             atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
