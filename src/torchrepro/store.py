@@ -48,16 +48,22 @@ class TraceWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / VALUES).mkdir(exist_ok=True)
-        self._f: IO[str] = open(self.dir / TRACE, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f: IO[str] | None = open(self.dir / TRACE, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.records = 0
 
     def write(self, event: dict[str, Any]) -> None:
+        if self._f is None:  # detached: a forked child's events never reach the parent's trace
+            return
         self._f.write(json.dumps(event, separators=(",", ":")) + "\n")
         self._f.flush()
         self.records += 1
 
+    def detach(self) -> None:
+        """Write nothing more, without flushing or closing (in a forked child: the file is the parent's)."""
+        self._f = None
+
     def close(self) -> None:
-        if not self._f.closed:
+        if self._f is not None and not self._f.closed:
             self._f.close()
 
 
