@@ -6,8 +6,8 @@ Each test here failed before its fix (see the commit messages of issue 8).
 from __future__ import annotations
 
 import dataclasses
-import json
 import errno
+import json
 import subprocess
 import sys
 import threading
