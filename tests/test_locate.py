@@ -61,7 +61,10 @@ def test_unseeded_generator_in_a_module_gives_rng_verdict(tmp_path):
     assert loc["verdict"] == "rng" and loc["title"] == "random-number state differs"
     assert loc["op"]["op"] == "aten.randn" and loc["op"]["module"] == "1"
     assert loc["op"]["line"] == _line_of(script, "NOISE-LINE")
-    assert "seed the generator" in loc["fix"]
+    assert loc["op"]["generator"] == "private"
+    assert loc["fix"].endswith("come from a torch.Generator passed as generator= whose seed differs between runs (its "
+                               ".seed(), or a seed taken from the clock or the OS): seed it with a fixed value, "
+                               "generator.manual_seed(SEED).")
 
 
 def test_branch_on_unseeded_draw_gives_control_flow_verdict(tmp_path):
@@ -83,6 +86,8 @@ def test_unseeded_init_is_located_in_the_model_construction(tmp_path):
     assert doc["cause"] == "initial-weights" and loc["step"] == 0
     assert loc["verdict"] == "rng" and loc["op"]["op"] == "aten.uniform_"
     assert loc["op"]["line"] == _line_of(script, "model = nn.Sequential")
+    assert loc["op"]["generator"] == "global" and ".seed()" not in loc["fix"]
+    assert "come from torch's global generator" in loc["fix"] and "`torchrepro check --seed 0 -- ...`" in loc["fix"]
 
 
 def test_deterministic_script_has_nothing_to_locate(tmp_path):
@@ -397,3 +402,39 @@ def test_ops_after_the_exit_flush_are_neither_counted_nor_lost(tmp_path):
     assert p.returncode == 0, p.stderr
     assert [op["op"] for op in read_ops(tmp_path / "ops.jsonl")] == ["aten.add"] * 5
     assert (tmp_path / "count").read_text() == "5"
+
+
+# --- the fix text of a random draw matches the generator that drew ------------------------------------------
+def test_the_tracer_records_which_generator_a_draw_used():
+    g = torch.Generator().manual_seed(1)
+    with torchrepro.trace_ops() as trace:
+        torch.randn(3)
+        torch.randn(3, generator=g)
+        torch.ones(2).add(1)
+    draws = [(op["op"], op.get("generator")) for op in trace.ops if op["rng"]]
+    assert draws == [("aten.randn", "global"), ("aten.randn", "private")]
+    assert all("generator" not in op for op in trace.ops if not op["rng"])
+
+
+_DRAW_FIXES = {
+    "global": "The random numbers drawn by aten.uniform_ (f.py:1) come from torch's global generator, which is "
+              "not seeded with a fixed seed before this draw: call torchrepro.seed_everything(SEED) (or "
+              "torch.manual_seed(SEED)) at the top of the script, before anything draws, or rerun with "
+              "`torchrepro check --seed 0 -- ...` to confirm.",
+    "private": "The random numbers drawn by aten.uniform_ (f.py:1) come from a torch.Generator passed as "
+               "generator= whose seed differs between runs (its .seed(), or a seed taken from the clock or the "
+               "OS): seed it with a fixed value, generator.manual_seed(SEED).",
+    None: "The random numbers drawn by aten.uniform_ (f.py:1) differ between runs: seed the generator it uses "
+          "with a fixed value (torchrepro.seed_everything(SEED) for torch's global generator; "
+          "generator.manual_seed(SEED) for a torch.Generator passed as generator=).",
+}
+
+
+@pytest.mark.parametrize("generator", ["global", "private", None])
+def test_the_fix_for_a_random_draw_names_what_drew_it(generator):
+    """An unseeded global draw was told to use `manual_seed(SEED) instead of .seed()`, which nothing called."""
+    extra = {} if generator is None else {"generator": generator}
+    res = locate_ops([_op("aten.uniform_", ["junk1"], ["x"], rng=True) | extra],
+                     [_op("aten.uniform_", ["junk2"], ["y"], rng=True) | extra])
+    assert res.verdict == "rng"
+    assert res.fix == _DRAW_FIXES[generator]

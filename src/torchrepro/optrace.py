@@ -245,7 +245,8 @@ class _Dispatch(TorchDispatchMode):
             out_fps = tr.fps.mark_uninitialized(outs)
         else:
             out_fps = tr.fps.get(outs, fresh=True) if outs else [_scalar_repr(out)]
-        tr.record(name, in_fps, out_fps)
+        gen = None if name not in RNG_OPS else "global" if kwargs.get("generator") is None else "private"
+        tr.record(name, in_fps, out_fps, gen)
         return out
 
 
@@ -357,7 +358,8 @@ class OpTracer:
             name = self._names.setdefault(id(mod), type(mod).__name__)
         return name
 
-    def record(self, op: str, in_fps: list[str], out_fps: list[str]) -> None:
+    def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None) -> None:
+        """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private"."""
         module = self.module_path()
         site = self.site = _resolved(self.site)  # once per torch call, however many ops it runs
         node = None if self._context.in_optimizer else torch._C._current_autograd_node()
@@ -369,7 +371,7 @@ class OpTracer:
             phase = "backward"
             found = self.node_sites.get(id(node))
             site, module = found if found is not None else (None, module)
-        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps))
+        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
         self.count += 1
         if len(self._queue) >= _QUEUE_RECORDS:
             self.flush()
@@ -392,14 +394,17 @@ class OpTracer:
     def _encode_queue(self) -> None:
         queue, self._queue = self._queue, []
         lines = []
-        for i, step, op, phase, module, site, in_fps, out_fps in queue:
+        for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
             entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
                      "file": site[0] if site else None, "line": site[1] if site else None,
                      "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
-            if self._file is not None:  # the file leaves out the line's text: read_ops() fills it in
+            if generator is not None:
+                entry["generator"] = generator
+            # the line's text is stored now: readers of ops.jsonl never open the paths a record names
+            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+            if self._file is not None:
                 lines.append(_encode(entry))
             if self.keep:
-                entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
                 self._ops.append(entry)
         if lines and self._file is not None:
             self._file.write("\n".join(lines) + "\n")
