@@ -17,13 +17,14 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import stat
 import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import torch
 from torch import nn
@@ -84,14 +85,50 @@ def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, 
     return _site_of(site) if type(site) is FrameType else site  # type: ignore[arg-type]
 
 
+_MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
+_MAX_CODE_CHARS = 200  # the stored text of a source line
+_MAX_RECORD_BYTES = 64 << 20  # one line of ops.jsonl (an op with tens of thousands of tensors stays far below)
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class _NotRegularFileError(OSError):
+    """A path that is not a regular file (a directory, FIFO, device): never read as one."""
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """Open ``path`` for reading if it is a regular file; never blocks on a FIFO or opens a terminal."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise _NotRegularFileError(f"is {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _source_lines(path: str) -> list[str]:
+    """The lines of a user's source file, or [] when it is not a readable regular file of sane size."""
+    try:
+        with _open_regular(path) as f:
+            data = f.read(_MAX_SOURCE_BYTES + 1)
+    except (OSError, ValueError):  # ValueError: a name with a NUL byte
+        return []
+    return [] if len(data) > _MAX_SOURCE_BYTES else data.decode("utf-8", errors="replace").splitlines()
+
+
 def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
+    """The stripped text of ``path``'s line ``line`` (at most ``_MAX_CODE_CHARS``), "" when unknown."""
     if path not in cache:
-        try:
-            cache[path] = Path(path).read_text(errors="replace").splitlines()
-        except OSError:
-            cache[path] = []
+        if len(cache) > 10_000:  # code made by exec() under ever new names: stay bounded
+            cache.clear()
+        cache[path] = _source_lines(path)
     lines = cache[path]
-    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return lines[line - 1].strip()[:_MAX_CODE_CHARS] if 0 < line <= len(lines) else ""
 
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -502,24 +539,94 @@ class trace_ops:  # noqa: N801 - reads as a function at call sites
 
 
 def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Op records from an ``ops.jsonl`` file, with the source line's text as ``code``.
+    """Op records from an ``ops.jsonl`` file, each checked (:data:`_OP_FIELDS`), with ``code`` as stored.
 
+    The file is untrusted input (a run directory may come from anywhere): the source files its records name are
+    never opened, and the file itself is read only if it is a regular file, one bounded line at a time.
     A cut-off last line (no newline at the end of the file: a killed run) is ignored. Any other line that is
-    not a JSON object raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
+    not a valid op record raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
     would shift or shorten the op stream and make two runs' streams look different.
     """
-    lines: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, raw in enumerate(f, start=1):
+    try:
+        f = _open_regular(path)
+    except _NotRegularFileError as exc:
+        raise RunDirError(path, f"{exc}, not an op trace file.", _RETRACE) from None
+    except (OSError, ValueError) as exc:
+        raise RunDirError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc}).", _RETRACE) from None
+    with f:
+        number = 0
+        while raw := f.readline(_MAX_RECORD_BYTES + 1):
+            number += 1
+            cut_off = not raw.endswith(b"\n")
+            if len(raw) > _MAX_RECORD_BYTES:
+                raise RunDirError(path, f"line {number} is longer than {_MAX_RECORD_BYTES >> 20} MiB: it is not an "
+                                  "op record; the op trace is corrupt.", _RETRACE)
+            text = raw.decode("utf-8", errors="replace")
             try:
-                op = json.loads(raw)
-            except json.JSONDecodeError:
-                op = None
-            if not isinstance(op, dict):
-                if not raw.endswith("\n"):  # the last line, cut off mid-write
+                op = json.loads(text)
+            except (ValueError, RecursionError):  # bad JSON, nesting too deep, an integer of too many digits
+                if cut_off:  # the last line, cut off mid-write
                     return
-                raise RunDirError(path, f"line {number} is not a valid op record ({raw[:60]!r}); the op trace is "
-                                  "corrupt (only a cut-off last line is tolerated).",
-                                  "Trace the run again (`torchrepro check --locate -- ...`).")
-            op["code"] = _code_line(op["file"], op["line"], lines) if op.get("file") else ""
-            yield op
+                raise RunDirError(path, f"line {number} is not a valid op record: it is not JSON ({text[:60]!r}); "
+                                  "the op trace is corrupt (only a cut-off last line is tolerated).",
+                                  _RETRACE) from None
+            problem = _op_problem(op)
+            if problem:
+                raise RunDirError(path, f"line {number} is not a valid op record: {problem}; the op trace is corrupt "
+                                  "or was not written by torchrepro.", _RETRACE)
+            yield _clean_op(op)
+
+
+_RETRACE = "Trace the run again (`torchrepro check --locate -- ...`)."
+_MAX_INT = 1 << 63
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v < _MAX_INT
+
+
+def _is_str_list(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+# field -> (required, check, what it must be); the fields of one op record (docs/formats.md)
+_OP_FIELDS: dict[str, tuple[bool, Any, str]] = {
+    "op": (True, lambda v: type(v) is str, "a string"),
+    "in": (True, _is_str_list, "a list of strings"),
+    "out": (True, _is_str_list, "a list of strings"),
+    "i": (False, _is_count, "a non-negative integer"),
+    "step": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "line": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "phase": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "module": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "file": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "generator": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "code": (False, lambda v: type(v) is str, "a string"),
+    "rng": (False, lambda v: type(v) is bool, "true or false"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _op_problem(op: Any) -> str | None:
+    """What is wrong with a parsed op record, or None when it has the shape :mod:`torchrepro.locate` reads."""
+    if type(op) is not dict:
+        return f"it is {'a list' if type(op) is list else 'a ' + type(op).__name__}, expected a JSON object"
+    for key, (required, ok, what) in _OP_FIELDS.items():
+        if key not in op:
+            if required:
+                return f"`{key}` is missing"
+        elif not ok(op[key]):
+            return f"`{key}` is {_shown(op[key])} ({type(op[key]).__name__}), expected {what}"
+    return None
+
+
+def _clean_op(op: dict[str, Any]) -> dict[str, Any]:
+    """A checked record with only the known fields (others, of any size or depth, are dropped)."""
+    clean = {key: op[key] for key in _OP_FIELDS if key in op}
+    clean.setdefault("code", "")
+    return clean
+

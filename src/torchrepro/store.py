@@ -74,13 +74,16 @@ def read_trace_lines(run_dir: str | Path) -> tuple[list[dict[str, Any]], bool]:
     truncated = False
     if not path.exists():
         return events, truncated
+    if not path.is_file():  # a directory, FIFO or device: never read (a FIFO would block forever)
+        raise RunDirError(path, "is not a regular file, so it is not a trace written by torchrepro.",
+                          "Record the run again with `torchrepro run --record DIR -- ...`.")
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     for i, line in enumerate(lines):
         if not line:
             continue
         try:
             events.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, nested too deep, an integer of too many digits
             if i == len(lines) - 1:  # the last line, without a newline: cut off mid-write
                 truncated = True
                 break
