@@ -438,3 +438,44 @@ def test_the_fix_for_a_random_draw_names_what_drew_it(generator):
                      [_op("aten.uniform_", ["junk2"], ["y"], rng=True) | extra])
     assert res.verdict == "rng"
     assert res.fix == _DRAW_FIXES[generator]
+
+
+# --- training in a thread -------------------------------------------------------------------------------------
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+def test_locate_traces_training_that_runs_in_another_thread(tmp_path):
+    """The tracer saw the main thread only: "did not reproduce, 0 and 0 ops"."""
+    script = SCRIPTS / "threaded_scatter.py"
+    rc, doc, err = locate(tmp_path, script, "--max-steps", "2")
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["ops_traced"][0] > 0 and loc["ops_traced"][1] > 0
+    assert loc["verdict"] == "origin" and loc["op"]["op"] == "aten.index_put_", loc
+    assert loc["op"]["line"] == _line_of(EXAMPLES / "scatter_gnn.py", "index_put_((flat_index,)")
+    assert loc["op"]["module"] == "layers.0"
+
+
+def test_trace_ops_records_the_ops_of_a_thread_started_while_tracing():
+    import threading
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with torchrepro.trace_ops() as trace:
+        worker = threading.Thread(target=lambda: torch.ones(3).cumsum(0))
+        worker.start()
+        worker.join()
+    assert [op["op"] for op in trace.ops if op["op"] == "aten.cumsum"] == ["aten.cumsum"]
+    assert not trace.active and _get_current_dispatch_mode() is None
+    after = threading.Thread(target=lambda: torch.ones(3).cumsum(0))  # not traced once the tracer stopped
+    after.start()
+    after.join()
+    assert sum(op["op"] == "aten.cumsum" for op in trace.ops) == 1
+
+
+def test_no_traced_op_at_all_says_where_the_tracer_cannot_see():
+    """0 and 0 ops traced was reported as an intermittent race."""
+    from torchrepro.locate import LocateResult
+
+    fix = LocateResult("not-reproduced", ops_traced=(0, 0), traced_steps=[1]).fix
+    assert fix.startswith("No operation was traced in either re-run: the training ran where the tracer cannot "
+                          "see it.") and "intermittent" not in fix
+    assert "race" in LocateResult("not-reproduced", ops_traced=(5, 5), traced_steps=[1]).fix

@@ -160,6 +160,12 @@ class LocateResult:
             return (f"A tensor entering {op}{where} differs but was not produced by a traced torch operation: it "
                     "comes from NumPy/Python randomness, data loading in worker processes, or I/O. Seed those "
                     "sources (torchrepro.seed_everything, seed_worker, seeded numpy Generators).")
+        if self.verdict == "not-reproduced" and not any(self.ops_traced):
+            return ("No operation was traced in either re-run: the training ran where the tracer cannot see it. It "
+                    "traces the thread where the traced step begins and the threads started while it traces; a "
+                    "thread already running before then, or another process (multiprocessing, a subprocess), is not "
+                    "traced. Start the training thread after the script begins (or train in the main thread), or "
+                    "trace from inside the process that trains with torchrepro.trace_ops().")
         if self.verdict == "not-reproduced":
             return (f"Traced: the eager ATen ops of step(s) {', '.join(map(str, self.traced_steps)) or '-'} in two "
                     "re-runs; code compiled with torch.compile runs as generated kernels that this tracer does not "

@@ -377,10 +377,9 @@ class OpTracer:
         self.nodes: list[Any] = []
         self._names: dict[int, str] = {}
         self._context = ModuleContext(self._module_name)
-        self._modes: list[Any] = []
+        self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
-        self.active = False  # the modes are on the mode stacks
         self.recording = False  # ops are being recorded
         self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
 
@@ -460,21 +459,44 @@ class OpTracer:
                 self._names.setdefault(id(mod), full or type(mod).__name__)
 
     # --- start / stop --------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether the modes are on the mode stack of some thread."""
+        return bool(self._modes)
+
     def start(self) -> OpTracer:
-        if self.active:  # stopped softly earlier and still on the stacks: just record again
-            self.recording = True
-            return self
-        self._refresh_names()
+        """Record from now on: in this thread and in every thread started while recording (see _traced_run).
+
+        Restarted after a soft stop (modes still on the stacks) it just records again, appending to the file."""
+        if not self._modes:
+            self._refresh_names()
+            self._context.install()
+            _active_tracers.add(self)
+            _hook_threads()
         if self.path is not None and self._file is None:
             mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
-            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in stop()
-        self._context.install()
-        self._modes = [_Function(self), _Dispatch(self)]
-        for m in self._modes:
-            m.__enter__()
-        self.active = self.recording = True
-        _active_tracers.add(self)
+            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in _release()
+        self._enter_thread()
+        self.recording = True
         return self
+
+    def _enter_thread(self) -> None:
+        """Put the modes on this thread's mode stacks (they are thread-local), unless they are there."""
+        ident = threading.get_ident()
+        if ident not in self._modes:
+            modes = [_Function(self), _Dispatch(self)]
+            for m in modes:
+                m.__enter__()
+            self._modes[ident] = modes
+
+    def _leave_thread(self) -> None:
+        """A traced thread ends: its modes go with it (popped when still on top)."""
+        modes = self._modes.pop(threading.get_ident(), None)
+        if modes is not None and self._modes_on_top(modes):
+            for m in reversed(modes):
+                m.__exit__(None, None, None)
+        if not self._modes and self in _active_tracers:
+            self._release()
 
     def stop(self) -> None:
         """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
@@ -482,17 +504,29 @@ class OpTracer:
         self.recording = False
         try:
             self.flush()
+            if self._file is not None:  # what was recorded is on disk, even if the script ends with os._exit
+                self._file.flush()
         finally:  # a Ctrl-C that arrived while the queue was encoded is raised by flush(): the modes still go
             self.settle()
 
     def settle(self) -> None:
-        """Take the modes off the stacks if recording has stopped and it is safe to do so now."""
-        if not self.active or self.recording or self.depth or not self._modes_on_top():
+        """Take the modes off this thread's stacks if recording has stopped and it is safe to do so now; once
+        no thread holds them, release everything (the file is closed)."""
+        if not self._modes or self.recording or self.depth:
             return
-        for m in reversed(self._modes):
+        ident = threading.get_ident()
+        modes = self._modes.get(ident)
+        if modes is None or not self._modes_on_top(modes):
+            return
+        for m in reversed(modes):
             m.__exit__(None, None, None)
+        del self._modes[ident]
+        if not self._modes:
+            self._release()
+
+    def _release(self) -> None:
+        """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
         self._context.remove()
-        self._modes = []
         self.node_sites.clear()
         self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
@@ -503,18 +537,61 @@ class OpTracer:
             if self._file is not None:
                 self._file.close()
             self._file = None
-            self.active = False
             _active_tracers.discard(self)
         for other in list(_active_tracers):  # a tracer stopped earlier under this one can leave the stacks now
             if other.active and not other.recording:
                 other.settle()
 
-    def _modes_on_top(self) -> bool:
-        """Whether this tracer's modes are the innermost ones: leaving a mode pops the top of the stack, so a
-        tracer stopped while another started later is still on is kept (passing ops through) until then."""
+    @staticmethod
+    def _modes_on_top(modes: list[Any]) -> bool:
+        """Whether ``modes`` are the innermost ones of this thread: leaving a mode pops the top of the stack, so
+        a tracer stopped while another started later is still on is kept (passing ops through) until then."""
         if _current_function_mode is None or _current_dispatch_mode is None:
             return True
-        return _current_function_mode() is self._modes[0] and _current_dispatch_mode() is self._modes[1]
+        return _current_function_mode() is modes[0] and _current_dispatch_mode() is modes[1]
+
+
+def _user_code(thread: threading.Thread) -> bool:
+    """Whether a thread runs the user's code, not torch's or torchrepro's own (a DataLoader's pin-memory
+    thread, torchrepro's value writer): only the user's threads are traced."""
+    target = getattr(thread, "_target", None)
+    code = getattr(target if target is not None else type(thread).run, "__code__", None)
+    return code is None or not _is_internal(code.co_filename)
+
+
+_thread_hook: dict[str, Any] = {}  # "original": threading.Thread._bootstrap_inner before _hook_threads()
+
+
+def _hook_threads() -> None:
+    """Make threads started while a tracer records trace their own ops: torch's mode stacks are per thread, so
+    a script that trains in a ``threading.Thread`` would otherwise run every op untraced. Installed once."""
+    original = getattr(threading.Thread, "_bootstrap_inner", None)
+    if original is None or _thread_hook:
+        return
+    _thread_hook["original"] = original
+
+    def _bootstrap_inner(thread: threading.Thread) -> None:
+        tracers = [t for t in list(_active_tracers) if t.recording] if _active_tracers else []
+        if tracers and _user_code(thread):
+            thread.run = _traced_run(thread.run, tracers)  # type: ignore[method-assign]
+        original(thread)
+
+    threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+
+
+def _traced_run(run: Any, tracers: list[OpTracer]) -> Any:
+    """``run`` with the tracers' modes on the new thread's stacks while it runs (before join() can return)."""
+
+    def traced() -> None:
+        for t in tracers:
+            t._enter_thread()
+        try:
+            run()
+        finally:
+            for t in reversed(tracers):
+                t._leave_thread()
+
+    return traced
 
 
 class trace_ops:  # noqa: N801 - reads as a function at call sites
