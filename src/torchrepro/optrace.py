@@ -573,7 +573,10 @@ def _hook_threads() -> None:
     def _bootstrap_inner(thread: threading.Thread) -> None:
         tracers = [t for t in list(_active_tracers) if t.recording] if _active_tracers else []
         if tracers and _user_code(thread):
-            thread.run = _traced_run(thread.run, tracers)  # type: ignore[method-assign]
+            try:
+                thread.run = _traced_run(thread.run, tracers)  # type: ignore[method-assign]
+            except (AttributeError, TypeError):  # a read-only run (slots, a property): run it untraced
+                pass
         original(thread)
 
     threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
