@@ -658,7 +658,7 @@ def _child_main(argv: list[str]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        if recorder is not None:
+        if recorder is not None and not recorder.forked:  # a forked child that returned: the parent records
             summary = recorder.finish()
             summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
             summary["environment"] = environment_summary()
