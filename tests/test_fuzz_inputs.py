@@ -383,3 +383,18 @@ def test_fuzz_readers_raise_only_input_errors(tmp_path_factory, data):
     assert launcher.read_summary(path) is not None
     with contextlib.suppress(RunDirError):
         load_run(path.parent)
+
+
+def test_jsonl_reader_lines_cut_off_last_line_and_limit(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n{"a": 2}\n{"a": 3')
+    assert _readjson.read_jsonl(path) == ([{"a": 1}, {"a": 2}], True)
+    path.write_bytes(b'{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(StateFileError, match=r"t.jsonl: line 2 is not valid JSON \(Expecting value"):
+        _readjson.read_jsonl(path)
+    path.write_bytes(b'{"a": 1}\n' * 20)
+    with pytest.raises(StateFileError, match=r"t.jsonl: is larger than 50 bytes"):
+        _readjson.read_jsonl(path, limit=50)
+    with pytest.raises(StateFileError, match=r"t.jsonl: line 1 is not a number: it is an object"):
+        _readjson.read_jsonl(path, check=lambda v: [] if len(str(v)) < 0 or v is None else ["it is an object"],
+                             what="a number")

@@ -13,14 +13,15 @@ checks the JSON types of the fields a reader uses, so that the code after it can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import StateFileError
 
@@ -41,12 +42,11 @@ def _kind_of(mode: int) -> str:
     return next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
 
 
-def read_bytes(path: str | Path, *, error: ErrorType = StateFileError, action: str = "",
-               limit: int = MAX_JSON_BYTES) -> bytes:
-    """The bytes of regular file ``path`` (at most ``limit``); ``error`` for anything else.
-
-    The file type is checked before the file is opened (never blocks on a FIFO) and again on the open file.
-    """
+@contextlib.contextmanager
+def open_regular(path: str | Path, *, error: ErrorType = StateFileError, action: str = "") -> Iterator[IO[bytes]]:
+    """Open regular file ``path`` for binary reading; ``error`` for anything else (missing, a directory, a FIFO,
+    a device). The file type is checked before the file is opened (so a FIFO never blocks) and again on the open
+    file (in case it was swapped in between)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -61,15 +61,26 @@ def read_bytes(path: str | Path, *, error: ErrorType = StateFileError, action: s
     except OSError as exc:
         raise error(path, f"cannot be read ({exc.strerror or exc}).", action) from None
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode  # it may have been swapped for something else since the stat
+        mode = os.fstat(f.fileno()).st_mode
         if not stat.S_ISREG(mode):
             raise error(path, f"is {_kind_of(mode)}, expected a regular file.", action)
         try:
-            data = f.read(limit + 1)
+            yield f
         except OSError as exc:
             raise error(path, f"cannot be read ({exc.strerror or exc}).", action) from None
+
+
+def _too_large(path: str | Path, limit: int, error: ErrorType, action: str) -> StateFileError:
+    return error(path, f"is larger than {limit:,} bytes, more than torchrepro ever writes there.", action)
+
+
+def read_bytes(path: str | Path, *, error: ErrorType = StateFileError, action: str = "",
+               limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of regular file ``path`` (at most ``limit``); ``error`` otherwise (see :func:`open_regular`)."""
+    with open_regular(path, error=error, action=action) as f:
+        data = f.read(limit + 1)
     if len(data) > limit:
-        raise error(path, f"is larger than {limit:,} bytes, more than torchrepro ever writes there.", action)
+        raise _too_large(path, limit, error, action)
     return data
 
 
@@ -95,7 +106,7 @@ def parse(text: str, *, source: str | Path, error: ErrorType = StateFileError, a
                     "levels.", action) from None
     except ValueError as exc:  # e.g. an integer of more digits than int() converts (sys.get_int_max_str_digits)
         raise error(source, f"{where}holds a value that cannot be read ({exc}).", action) from None
-    if _depth_exceeds(doc, MAX_DEPTH):
+    if text.count("[") + text.count("{") > MAX_DEPTH and _depth_exceeds(doc, MAX_DEPTH):  # fewer cannot nest deeper
         raise error(source, f"{where}is JSON nested more than {MAX_DEPTH} levels deep; torchrepro never writes "
                     "that.", action)
     return doc
@@ -130,25 +141,42 @@ def read_jsonl(path: str | Path, *, error: ErrorType = StateFileError, action: s
     Empty lines are skipped; any other unreadable line raises ``error`` naming its line number, and so does a
     value for which ``check`` returns problems (sentences): ``line 7 is not {what}: ...``.
     """
-    lines = read_bytes(path, error=error, action=action, limit=limit).split(b"\n")
     values: list[Any] = []
-    for i, raw in enumerate(lines):
-        if not raw:
-            continue
-        where = f"line {i + 1} "
-        try:
-            value = parse(decode(raw, source=path, error=error, action=action, where=where), source=path,
-                          error=error, action=action, where=where)
-        except StateFileError:
-            if i == len(lines) - 1:  # no newline after it: the writer was killed mid-line
+    total, number = 0, 0
+    with open_regular(path, error=error, action=action) as f:
+        while raw := f.readline(limit - total + 1):  # line by line, never more than the limit in memory
+            total, number = total + len(raw), number + 1
+            if total > limit:
+                raise _too_large(path, limit, error, action)
+            value = _jsonl_value(raw, number, path, error, action)
+            if value is _CUT:
                 return values, True
-            raise
-        problems = check(value) if check is not None else []
-        if problems:
-            shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
-            raise error(path, f"{where}is not {what}: {shown}; the file is corrupt or was edited.", action)
-        values.append(value)
+            if value is _EMPTY:
+                continue
+            problems = check(value) if check is not None else []
+            if problems:
+                shown = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
+                raise error(path, f"line {number} is not {what}: {shown}; the file is corrupt or was edited.", action)
+            values.append(value)
     return values, False
+
+
+_CUT, _EMPTY = object(), object()
+
+
+def _jsonl_value(raw: bytes, number: int, path: str | Path, error: ErrorType, action: str) -> Any:
+    """The value on one line; ``_EMPTY`` for an empty line, ``_CUT`` for an unreadable last line (no newline)."""
+    line = raw.removesuffix(b"\n")
+    if not line:
+        return _EMPTY
+    where = f"line {number} "
+    try:
+        return parse(decode(line, source=path, error=error, action=action, where=where), source=path, error=error,
+                     action=action, where=where)
+    except StateFileError:
+        if not raw.endswith(b"\n"):  # the last line, cut off: the writer was killed mid-line
+            return _CUT
+        raise
 
 
 # --- the JSON types of fields --------------------------------------------------------------------------
@@ -171,6 +199,11 @@ def _is_hex_float(v: Any) -> bool:
     return True
 
 
+def _types(values: Iterable[Any]) -> set[type]:
+    """The exact types of ``values`` (JSON gives plain str, dict, ...; a set is cheaper than isinstance per item)."""
+    return {type(x) for x in values}
+
+
 # kind -> test; a field's spec is a tuple of these names, the value must pass one of them
 KINDS: dict[str, Callable[[Any], bool]] = {
     "null": lambda v: v is None,
@@ -181,10 +214,9 @@ KINDS: dict[str, Callable[[Any], bool]] = {
     "hex float string": lambda v: isinstance(v, str) and _is_hex_float(v),
     "list": lambda v: isinstance(v, list),
     "object": lambda v: isinstance(v, dict),
-    "list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-    "list of objects": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-    "object of strings or nulls": lambda v: isinstance(v, dict) and all(x is None or isinstance(x, str)
-                                                                        for x in v.values()),
+    "list of strings": lambda v: isinstance(v, list) and _types(v) <= {str},
+    "list of objects": lambda v: isinstance(v, list) and _types(v) <= {dict},
+    "object of strings or nulls": lambda v: isinstance(v, dict) and _types(v.values()) <= {str, type(None)},
 }
 
 Spec = Mapping[str, tuple[str, ...]]
