@@ -195,11 +195,17 @@ def test_a_fifo_in_place_of_a_run_file_or_env_file_is_refused_not_waited_on(runs
     (b / "manifest.json").unlink()
     os.mkfifo(b / "manifest.json")
     os.mkfifo(tmp_path / "pipe.json")
-    for target, message in (("b", "b/manifest.json: is a FIFO (named pipe), expected a regular file."),
-                            ("pipe.json", "pipe.json: is a FIFO (named pipe), expected a regular file. Pass an "
-                                          "environment file")):
-        code = f"from torchrepro.cli import main; raise SystemExit(main(['env', 'diff', {str(runs / 'a')!r}, " \
-               f"{target!r}]))"
+    c = _copy(runs, tmp_path / "c")
+    (c / "values" / "init.pt").unlink()
+    os.mkfifo(c / "values" / "init.pt")
+    (c.parent / "out").mkdir()
+    for command, message in ((["env", "diff", str(runs / "a"), "b"], "b/manifest.json: is a FIFO (named pipe), "
+                                                                     "expected a regular file."),
+                             (["env", "diff", str(runs / "a"), "pipe.json"], "pipe.json: is a FIFO (named pipe), "
+                              "expected a regular file. Pass an environment file"),
+                             (["diff", str(runs / "a"), str(c), "--out", str(c.parent / "out")],
+                              "values/init.pt: is a FIFO (named pipe), expected a regular file.")):
+        code = f"from torchrepro.cli import main; raise SystemExit(main({command!r}))"
         p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(Path(torchrepro.__file__).parent.parent)})
         assert p.returncode == 2 and p.stderr.startswith("torchrepro: error: "), p.stderr

@@ -42,11 +42,8 @@ def _kind_of(mode: int) -> str:
     return next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
 
 
-@contextlib.contextmanager
-def open_regular(path: str | Path, *, error: ErrorType = StateFileError, action: str = "") -> Iterator[IO[bytes]]:
-    """Open regular file ``path`` for binary reading; ``error`` for anything else (missing, a directory, a FIFO,
-    a device). The file type is checked before the file is opened (so a FIFO never blocks) and again on the open
-    file (in case it was swapped in between)."""
+def check_regular(path: str | Path, *, error: ErrorType = StateFileError, action: str = "") -> None:
+    """Raise ``error`` unless ``path`` is (or links to) a regular file: never open a FIFO (it blocks) or a device."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -55,6 +52,14 @@ def open_regular(path: str | Path, *, error: ErrorType = StateFileError, action:
         raise error(path, f"cannot be read ({exc.strerror or exc}).", action) from None
     if not stat.S_ISREG(mode):
         raise error(path, f"is {_kind_of(mode)}, expected a regular file.", action)
+
+
+@contextlib.contextmanager
+def open_regular(path: str | Path, *, error: ErrorType = StateFileError, action: str = "") -> Iterator[IO[bytes]]:
+    """Open regular file ``path`` for binary reading; ``error`` for anything else (missing, a directory, a FIFO,
+    a device). The file type is checked before the file is opened (so a FIFO never blocks) and again on the open
+    file (in case it was swapped in between)."""
+    check_regular(path, error=error, action=action)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
         fd = os.open(path, flags)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ._io import atomic_write_json
-from ._readjson import check_fields, describe, field_problems, read_json, read_jsonl
+from ._readjson import check_fields, check_regular, describe, field_problems, read_json, read_jsonl
 from .errors import RunDirError
 
 if TYPE_CHECKING:  # torch is imported where values are read: writing a manifest does not need it
@@ -147,6 +147,7 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A values file as ``{name: tensor}``, loaded without running pickled code; RunDirError if unusable."""
     import torch
 
+    check_regular(path, error=RunDirError, action="Record the run again.")  # a FIFO would block, /dev/zero not end
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
             warnings.simplefilter("ignore")
