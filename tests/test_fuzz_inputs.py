@@ -110,18 +110,18 @@ MANIFEST_CASES = {
     "deep": ("seed", DEEP, "manifest.json: is JSON nested too deeply to read"),
     "deep-under-the-limit": ("seed", "[" * 500 + "]" * 500, "manifest.json: is JSON nested more than 64 levels"),
     "huge-int": ("seed", HUGE, "manifest.json: holds a value that cannot be read (Exceeds the limit"),
-    "ranks-int": ("ranks", "5", "'ranks' is the number 5, expected list of strings"),
-    "ranks-dict": ("ranks", '{"rank0": 1}', "'ranks' is an object with 1 key, expected list of strings"),
+    "ranks-int": ("ranks", "5", "'ranks' is the number 5, expected a list of strings"),
+    "ranks-dict": ("ranks", '{"rank0": 1}', "'ranks' is an object with 1 key, expected a list of strings"),
     "ranks-escape": ("ranks", '["../../etc"]', "'ranks' names the string '../../etc', expected rank0, rank1"),
-    "command": ("command", '"python x.py"', "'command' is the string 'python x.py', expected list of strings"),
-    "trace-records": ("trace_records", '"5"', "'trace_records' is the string '5', expected int"),
+    "command": ("command", '"python x.py"', "'command' is the string 'python x.py', expected a list of strings"),
+    "trace-records": ("trace_records", '"5"', "'trace_records' is the string '5', expected an int"),
     "version-bool": ("version", "true", "has format version true; this torchrepro reads version 1"),
     "format-list": ("format", "[1]", "has format a list of 1 item, expected 'torchrepro.run'"),
-    "values-failed": ("values_failed", "5", "'values_failed' is the number 5, expected list"),
-    "compiled-int": ("compiled", "[5]", "'compiled' is a list of 1 item, expected list of objects"),
+    "values-failed": ("values_failed", "5", "'values_failed' is the number 5, expected a list"),
+    "compiled-int": ("compiled", "[5]", "'compiled' is a list of 1 item, expected a list of objects"),
     "compiled-fields": ("compiled", '[{"index": "0", "target": "Net"}]', "'compiled[0].index' is the string '0'"),
     "step-mode": ("step_mode", '"sideways"', "'step_mode' is the string 'sideways', expected one of optimizer"),
-    "environment": ("environment", "[]", "'environment' is a list of 0 items, expected object"),
+    "environment": ("environment", "[]", "'environment' is a list of 0 items, expected an object"),
     "fingerprint": ("fingerprint_algorithm", "{}", "'fingerprint_algorithm' is an object with 0 keys"),
 }
 
@@ -136,15 +136,15 @@ def test_a_bad_manifest_field_is_exit_2_naming_it(runs, tmp_path, case):
 
 EVENT_CASES = {
     "params-list": (1, "params", "[1, 2]", "line 2 is not a valid event: 'params' is a list of 2 items, expected "
-                                           "object of strings or nulls"),
-    "kind-int": (0, "kind", "5", "line 1 is not a valid event: 'kind' is the number 5, expected string"),
-    "losses-int": (2, "losses", "5", "'losses' is the number 5, expected list of objects"),
-    "loss-value": (2, "losses", '[{"value": "zz"}]', "'loss.value' is the string 'zz', expected hex float string"),
-    "batches": (2, "batches", '"abc"', "'batches' is the string 'abc', expected list"),
+                                           "an object of strings or nulls"),
+    "kind-int": (0, "kind", "5", "line 1 is not a valid event: 'kind' is the number 5, expected a string"),
+    "losses-int": (2, "losses", "5", "'losses' is the number 5, expected a list of objects"),
+    "loss-value": (2, "losses", '[{"value": "zz"}]', "'loss.value' is the string 'zz', expected a hex float string"),
+    "batches": (2, "batches", '"abc"', "'batches' is the string 'abc', expected a list"),
     "deep": (3, "grads", DEEP, "trace.jsonl: line 4 is JSON nested too deeply to read"),
     "huge-int": (3, "n", HUGE, "trace.jsonl: line 4 holds a value that cannot be read"),
-    "t-huge": (3, "t", "1" * 400, "'t' is the number 11111111111111111111... (400 digits), expected number"),
-    "step-type": (0, "step", '"3"', "'step' is the string '3', expected int"),
+    "t-huge": (3, "t", "1" * 400, "'t' is the number 11111111111111111111... (400 digits), expected a number"),
+    "step-type": (0, "step", '"3"', "'step' is the string '3', expected an int"),
 }
 
 

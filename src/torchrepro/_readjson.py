@@ -110,7 +110,8 @@ def parse(text: str, *, source: str | Path, error: ErrorType = StateFileError, a
         raise error(source, f"{where}is JSON nested too deeply to read; torchrepro writes at most {MAX_DEPTH} "
                     "levels.", action) from None
     except ValueError as exc:  # e.g. an integer of more digits than int() converts (sys.get_int_max_str_digits)
-        raise error(source, f"{where}holds a value that cannot be read ({exc}).", action) from None
+        why = str(exc).split(";")[0]  # not Python's advice to raise the interpreter's limit
+        raise error(source, f"{where}holds a value that cannot be read ({why}).", action) from None
     if text.count("[") + text.count("{") > MAX_DEPTH and _depth_exceeds(doc, MAX_DEPTH):  # fewer cannot nest deeper
         raise error(source, f"{where}is JSON nested more than {MAX_DEPTH} levels deep; torchrepro never writes "
                     "that.", action)
@@ -227,6 +228,11 @@ KINDS: dict[str, Callable[[Any], bool]] = {
 Spec = Mapping[str, tuple[str, ...]]
 
 
+def _a(kind: str) -> str:
+    """``a string``, ``an int``, ``null``: a kind's name in a sentence."""
+    return kind if kind == "null" else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def describe(value: Any) -> str:
     """A short description of a JSON value for a message: ``the number 5``, ``a list of 3 items``."""
     if value is None or isinstance(value, bool):
@@ -246,7 +252,7 @@ def field_problems(doc: Mapping[str, Any], spec: Spec, *, prefix: str = "") -> l
     problems = []
     for name, kinds in spec.items():
         if name in doc and not any(KINDS[k](doc[name]) for k in kinds):
-            problems.append(f"'{prefix}{name}' is {describe(doc[name])}, expected {' or '.join(kinds)}")
+            problems.append(f"'{prefix}{name}' is {describe(doc[name])}, expected {' or '.join(map(_a, kinds))}")
     return problems
 
 
