@@ -378,17 +378,38 @@ def test_fuzz_env_files(runs, data, raw):
 
 
 @FUZZ
-@given(data=st.binary(max_size=200) | raw_texts.map(str.encode))
-def test_fuzz_readers_raise_only_input_errors(tmp_path_factory, data):
-    """The reader API on random bytes: a value, or torchrepro's input error; nothing else."""
-    path = tmp_path_factory.mktemp("raw") / "f.json"
+@given(data=st.binary(max_size=200) | raw_texts.map(str.encode), trace=st.booleans())
+def test_fuzz_readers_raise_only_input_errors(tmp_path_factory, data, trace):
+    """Each reader on random bytes: a value, or torchrepro's input error (or its documented fallback); nothing else."""
+    from torchrepro.cli import scan_cmd
+    from torchrepro.outdir import _holder
+
+    root = tmp_path_factory.mktemp("raw")
+    path = root / ("trace.jsonl" if trace else "manifest.json")
     path.write_bytes(data)
     for read in (_readjson.read_json, _readjson.read_jsonl):
         with contextlib.suppress(StateFileError):
             read(path)
-    assert launcher.read_summary(path) is not None
+    assert isinstance(launcher.read_summary(path), dict)
+    assert isinstance(_holder(path), str)
+    assert scan_cmd._read_report(path) is None or isinstance(scan_cmd._read_report(path), dict)
+    if trace:
+        (root / "manifest.json").write_text(json.dumps({"format": "torchrepro.run", "version": 1,
+                                                        "trace_records": 1}))
     with contextlib.suppress(RunDirError):
-        load_run(path.parent)
+        load_run(root)
+
+
+def test_a_garbled_child_summary_is_derived_from_the_trace(tmp_path):
+    """A child killed while writing child.json: the parent writes the manifest from the trace instead of crashing."""
+    (tmp_path / "trace.jsonl").write_text(json.dumps({"kind": "init", "t": 0.0, "params": {}}) + "\n"
+                                          + json.dumps({"kind": "step", "n": 1, "t": 1.0, "params": {}}) + "\n")
+    (tmp_path / "child.json").write_text('["a list"]')
+    result = launcher._finish_run(["python", "x.py"], launcher.LaunchOptions(record=str(tmp_path)), 0, 0.0,
+                                  interrupted=None)
+    assert result.manifest["steps"] == 1 and result.manifest["step_mode"] == "optimizer"
+    assert not (tmp_path / "child.json").exists()
+    assert load_run(tmp_path).manifest["trace_records"] == 2
 
 
 def test_jsonl_reader_lines_cut_off_last_line_and_limit(tmp_path):
