@@ -168,10 +168,9 @@ def _acquire(path: Path, lock: Path) -> int:
     raise OutputDirError(f"{path}: could not take the lock {lock}.")
 
 
+_NOFOLLOW, _NONBLOCK = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
+_KINDS = ((os.path.islink, "a symbolic link"), (os.path.isdir, "a directory"))  # else: "not a regular file"
 _HOLDER_FIELDS = {"pid": ("int",), "command": ("string",), "started": ("string",)}
-
-
-_NOT_A_LOCK = "torchrepro never writes that there, and never replaces what it did not write."
 
 
 def _open_lock(path: Path, lock: Path) -> int:
@@ -180,23 +179,19 @@ def _open_lock(path: Path, lock: Path) -> int:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o666)
     except OSError as exc:
         if os.path.islink(lock) or (os.path.lexists(lock) and not os.path.isfile(lock)):
-            raise OutputDirError(f"{path}: {lock.name} is {_file_kind(lock)}, not a lock file; {_NOT_A_LOCK} "
-                                 f"Remove it yourself, or pass another directory.") from None
+            raise _not_a_lock(path, lock) from None
         raise OutputDirError(f"{path}: cannot write into the directory ({exc.strerror or exc}). "
                              "Pass a directory you can write to.") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OutputDirError(f"{path}: {lock.name} is {_file_kind(lock)}, not a lock file; {_NOT_A_LOCK} "
-                             "Remove it yourself, or pass another directory.")
+        raise _not_a_lock(path, lock)
     return fd
 
 
-_NOFOLLOW, _NONBLOCK = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
-_KINDS = ((os.path.islink, "a symbolic link"), (os.path.isdir, "a directory"))
-
-
-def _file_kind(lock: Path) -> str:
-    return next((name for test, name in _KINDS if test(lock)), "not a regular file")
+def _not_a_lock(path: Path, lock: Path) -> OutputDirError:
+    kind = next((name for test, name in _KINDS if test(lock)), "not a regular file")
+    return OutputDirError(f"{path}: {lock.name} is {kind}, not a lock file; torchrepro never writes that there, and "
+                          "never replaces what it did not write. Remove it yourself, or pass another directory.")
 
 
 def _holder(lock: Path) -> str:
