@@ -8,7 +8,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "src" / "torchrepro"
 
 LAYERS = {
-    0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds", "_ompteam"},
+    0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds", "_ompteam",
+        "_readjson"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed", "registry",
         "policy", "nn"},
     2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics", "compiled", "workdir"},

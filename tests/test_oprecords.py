@@ -88,8 +88,8 @@ BAD_RECORDS = {
     "rng is a string": (_rec(1, rng="yes"), "`rng` is 'yes' (str), expected true or false"),
     "line is true": (_rec(1, line=True), "`line` is True (bool), expected a non-negative integer or null"),
     "out holds numbers": (_rec(1, out=[1]), "`out` is [1] (list), expected a list of strings"),
-    "deep": ("[" * 3000 + "]" * 3000, "it is not JSON"),
-    "5000 digits": ('{"i": ' + "9" * 5000 + "}", "it is not JSON"),
+    "deep": ("[" * 3000 + "]" * 3000, "is JSON nested too deeply to read; torchrepro writes at most 64 levels"),
+    "5000 digits": ('{"i": ' + "9" * 5000 + "}", "holds a value that cannot be read (Exceeds the limit (4300 digits)"),
     "a list": ("[1, 2]", "it is a list, expected a JSON object"),
 }
 
@@ -101,17 +101,18 @@ def test_a_record_of_the_wrong_shape_is_refused_naming_file_and_line(tmp_path, n
     with pytest.raises(RunDirError) as exc:
         list(read_ops(path))
     msg = str(exc.value)
-    assert msg.startswith(f"{path}: line 2 is not a valid op record: {reason}"), msg
+    prefix = "line 2 " if name in ("deep", "5000 digits") else "line 2 is not a valid op record: "
+    assert msg.startswith(f"{path}: {prefix}{reason}"), msg
     assert msg.endswith("Trace the run again (`torchrepro check --locate -- ...`).")
 
 
 def test_an_ops_file_that_is_a_directory_or_a_fifo_is_refused(tmp_path):
     (tmp_path / "dir").mkdir()
-    with pytest.raises(RunDirError, match=r"dir: is a directory, not an op trace file"):
+    with pytest.raises(RunDirError, match=r"dir: is a directory, expected a regular file"):
         list(read_ops(tmp_path / "dir"))
     if hasattr(os, "mkfifo"):
         os.mkfifo(tmp_path / "fifo")
-        with pytest.raises(RunDirError, match=r"fifo: is a FIFO, not an op trace file"):
+        with pytest.raises(RunDirError, match=r"fifo: is a FIFO \(named pipe\), expected a regular file"):
             list(read_ops(tmp_path / "fifo"))  # never blocks waiting for a writer
 
 
@@ -122,7 +123,7 @@ def test_diff_locate_on_bad_records_exits_2(tmp_path, bad):
     p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", "--out", str(tmp_path / "out"),
                         str(a), str(b)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert f"{b / 'ops.jsonl'}: line 2 is not a valid op record" in p.stderr
+    assert f"{b / 'ops.jsonl'}: line 2 " in p.stderr and "Trace the run again" in p.stderr
     assert "internal error" not in p.stderr and "Traceback" not in p.stderr
 
 
@@ -169,5 +170,5 @@ def test_a_trace_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
         os.mkfifo(run_dir / "trace.jsonl")
     else:
         (run_dir / "trace.jsonl").mkdir()
-    with pytest.raises(RunDirError, match=r"trace.jsonl: is not a regular file, so it is not a trace written by"):
+    with pytest.raises(RunDirError, match=r"trace.jsonl: is (a directory|a FIFO \(named pipe\)), expected a regular file"):
         load_run(run_dir)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._readjson import read_json
 from .compare import command_key
 from .envinfo import CPU_FEATURES, SCHEMA, Environment
 from .errors import EnvFileError, RunDirError, TracesNotComparableError
@@ -335,15 +336,7 @@ def load_environment(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         return run_environment(load_run(p))
-    if not p.exists():
-        raise EnvFileError(p, "does not exist.", _WHAT)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EnvFileError(p, f"cannot be read ({exc}).", _WHAT) from None
-    except json.JSONDecodeError as exc:
-        raise EnvFileError(p, f"is not valid JSON ({exc}): it is truncated or not an environment file.",
-                           _WHAT) from None
+    doc = read_json(p, error=EnvFileError, action=_WHAT)  # a regular file, bounded, strict JSON
     if isinstance(doc, dict) and doc.get("format") == RUN_FORMAT:
         if p.name != MANIFEST:
             raise RunDirError(p, "is a run manifest outside a run directory.", "Pass the run directory itself.")

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._io import atomic_write_json
-from .errors import Interrupted, ReproError
+from ._readjson import field_problems, read_json
+from .errors import Interrupted, ReproError, StateFileError
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
 
@@ -385,11 +386,8 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
     summary: dict[str, Any] = {}
     if opts.record:
         spath = Path(opts.record) / "child.json"
-        if spath.exists():
-            try:
-                summary = json.loads(spath.read_text())
-            except (OSError, ValueError):
-                summary = {}
+        if os.path.lexists(spath):
+            summary = read_summary(spath)
             spath.unlink()
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and summary.get("stopped_at_max_steps"):
@@ -440,11 +438,23 @@ def torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
 
 def _rank_exit(rank_dir: Path, reported: dict[int, int], rank: int) -> tuple[int | None, float | None]:
     """A rank's exit code and end time: from its launcher's summary, else from torchrun's report."""
-    try:
-        summary = json.loads((rank_dir / "child.json").read_text())
-        return int(summary["child_exit_code"]), float(summary["child_ended"])
-    except (OSError, ValueError, KeyError, TypeError):
+    summary = read_summary(rank_dir / "child.json")
+    if not {"child_exit_code", "child_ended"} <= set(summary) or field_problems(summary, _EXIT_FIELDS):
         return reported.get(rank), None
+    return summary["child_exit_code"], float(summary["child_ended"])
+
+
+_EXIT_FIELDS = {"child_exit_code": ("int",), "child_ended": ("number",)}
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """The summary our child wrote (``child.json``), or ``{}`` when it is missing or unusable (the child was killed
+    while writing it, or something else is there): the caller then derives what it can from the trace."""
+    try:
+        summary = read_json(path)
+    except StateFileError:
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: float, *, interrupted: int | None,

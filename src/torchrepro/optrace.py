@@ -17,14 +17,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import stat
 import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, BinaryIO
+from typing import IO, Any
 
 import torch
 from torch import nn
@@ -34,7 +33,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._modules import ModuleContext, discover_models
 from ._ompteam import signals_deferred
-from .errors import RunDirError
+from ._readjson import open_regular, read_jsonl
+from .errors import RunDirError, StateFileError
 from .fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many, plain_cpu_fingerprint
 
 # Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
@@ -87,36 +87,15 @@ def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, 
 
 _MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
 _MAX_CODE_CHARS = 200  # the stored text of a source line
-_MAX_RECORD_BYTES = 64 << 20  # one line of ops.jsonl (an op with tens of thousands of tensors stays far below)
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-class _NotRegularFileError(OSError):
-    """A path that is not a regular file (a directory, FIFO, device): never read as one."""
-
-
-def _open_regular(path: str | Path) -> BinaryIO:
-    """Open ``path`` for reading if it is a regular file; never blocks on a FIFO or opens a terminal."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-            raise _NotRegularFileError(f"is {kind}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+_MAX_OPS_BYTES = 4 << 30  # an ops.jsonl file (one traced step of a large model stays far below)
 
 
 def _source_lines(path: str) -> list[str]:
     """The lines of a user's source file, or [] when it is not a readable regular file of sane size."""
     try:
-        with _open_regular(path) as f:
+        with open_regular(path) as f:
             data = f.read(_MAX_SOURCE_BYTES + 1)
-    except (OSError, ValueError):  # ValueError: a name with a NUL byte
+    except (StateFileError, OSError, ValueError):  # not a regular file, unreadable; ValueError: a NUL in the name
         return []
     return [] if len(data) > _MAX_SOURCE_BYTES else data.decode("utf-8", errors="replace").splitlines()
 
@@ -622,39 +601,14 @@ def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
     """Op records from an ``ops.jsonl`` file, each checked (:data:`_OP_FIELDS`), with ``code`` as stored.
 
     The file is untrusted input (a run directory may come from anywhere): the source files its records name are
-    never opened, and the file itself is read only if it is a regular file, one bounded line at a time.
-    A cut-off last line (no newline at the end of the file: a killed run) is ignored. Any other line that is
-    not a valid op record raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
-    would shift or shorten the op stream and make two runs' streams look different.
+    never opened, and the file itself is read as :func:`torchrepro._readjson.read_jsonl` reads (regular files
+    only, bounded, strict UTF-8, bounded nesting). A cut-off last line (a killed run) is ignored. Any other line
+    that is not a valid op record raises :class:`RunDirError` naming the file and line: skipping it, or stopping
+    there, would shift or shorten the op stream and make two runs' streams look different.
     """
-    try:
-        f = _open_regular(path)
-    except _NotRegularFileError as exc:
-        raise RunDirError(path, f"{exc}, not an op trace file.", _RETRACE) from None
-    except (OSError, ValueError) as exc:
-        raise RunDirError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc}).", _RETRACE) from None
-    with f:
-        number = 0
-        while raw := f.readline(_MAX_RECORD_BYTES + 1):
-            number += 1
-            cut_off = not raw.endswith(b"\n")
-            if len(raw) > _MAX_RECORD_BYTES:
-                raise RunDirError(path, f"line {number} is longer than {_MAX_RECORD_BYTES >> 20} MiB: it is not an "
-                                  "op record; the op trace is corrupt.", _RETRACE)
-            text = raw.decode("utf-8", errors="replace")
-            try:
-                op = json.loads(text)
-            except (ValueError, RecursionError):  # bad JSON, nesting too deep, an integer of too many digits
-                if cut_off:  # the last line, cut off mid-write
-                    return
-                raise RunDirError(path, f"line {number} is not a valid op record: it is not JSON ({text[:60]!r}); "
-                                  "the op trace is corrupt (only a cut-off last line is tolerated).",
-                                  _RETRACE) from None
-            problem = _op_problem(op)
-            if problem:
-                raise RunDirError(path, f"line {number} is not a valid op record: {problem}; the op trace is corrupt "
-                                  "or was not written by torchrepro.", _RETRACE)
-            yield _clean_op(op)
+    ops, _cut_off = read_jsonl(path, error=RunDirError, action=_RETRACE, limit=_MAX_OPS_BYTES,
+                               check=_op_problems, what="a valid op record")
+    return iter([_clean_op(op) for op in ops])
 
 
 _RETRACE = "Trace the run again (`torchrepro check --locate -- ...`)."
@@ -689,6 +643,12 @@ _OP_FIELDS: dict[str, tuple[bool, Any, str]] = {
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _op_problems(op: Any) -> list[str]:
+    """:func:`_op_problem` as the list :func:`torchrepro._readjson.read_jsonl` takes."""
+    problem = _op_problem(op)
+    return [problem] if problem else []
 
 
 def _op_problem(op: Any) -> str | None:

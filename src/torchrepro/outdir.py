@@ -19,12 +19,14 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import OutputDirError
+from ._readjson import field_problems, read_json
+from .errors import OutputDirError, StateFileError
 
 LOCK = ".torchrepro.lock"
 MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl", "values", "child.json"
@@ -151,11 +153,7 @@ def _acquire(path: Path, lock: Path) -> int:
     except ImportError:  # no flock (Windows): no protection, but nothing breaks
         fcntl = None  # type: ignore[assignment]
     for _ in range(100):
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise OutputDirError(f"{path}: cannot write into the directory ({exc.strerror or exc}). "
-                                 "Pass a directory you can write to.") from None
+        fd = _open_lock(path, lock)
         if fcntl is None:
             return fd
         try:
@@ -173,9 +171,38 @@ def _acquire(path: Path, lock: Path) -> int:
     raise OutputDirError(f"{path}: could not take the lock {lock}.")
 
 
-def _holder(lock: Path) -> str:
+_NOFOLLOW, _NONBLOCK = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
+_KINDS = ((os.path.islink, "a symbolic link"), (os.path.isdir, "a directory"))  # else: "not a regular file"
+_HOLDER_FIELDS = {"pid": ("int",), "command": ("string",), "started": ("string",)}
+
+
+def _open_lock(path: Path, lock: Path) -> int:
+    """Open (or create) the lock file: a regular file only, never through a symlink, a FIFO or a device."""
     try:
-        info = json.loads(lock.read_text())
-        return f"pid {info['pid']}, `{info['command']}`, started {info['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o666)
+    except OSError as exc:
+        if os.path.islink(lock) or (os.path.lexists(lock) and not os.path.isfile(lock)):
+            raise _not_a_lock(path, lock) from None
+        raise OutputDirError(f"{path}: cannot write into the directory ({exc.strerror or exc}). "
+                             "Pass a directory you can write to.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_a_lock(path, lock)
+    return fd
+
+
+def _not_a_lock(path: Path, lock: Path) -> OutputDirError:
+    kind = next((name for test, name in _KINDS if test(lock)), "not a regular file")
+    return OutputDirError(f"{path}: {lock.name} is {kind}, not a lock file; torchrepro never writes that there, and "
+                          "never replaces what it did not write. Remove it yourself, or pass another directory.")
+
+
+def _holder(lock: Path) -> str:
+    """Who holds the lock, from the JSON the holder wrote into it; ``holder unknown`` when it is unreadable."""
+    try:
+        info = read_json(lock, limit=64 << 10)
+    except StateFileError:
         return "holder unknown"
+    if not isinstance(info, dict) or not set(_HOLDER_FIELDS) <= set(info) or field_problems(info, _HOLDER_FIELDS):
+        return "holder unknown"
+    return f"pid {info['pid']}, `{info['command'][:300]}`, started {info['started'][:40]}"

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import pickletools
+import re
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ._io import atomic_write_json
+from ._readjson import check_fields, check_regular, describe, field_problems, read_json, read_jsonl
 from .errors import RunDirError
 
 if TYPE_CHECKING:  # torch is imported where values are read: writing a manifest does not need it
@@ -39,6 +42,7 @@ VALUES = "values"
 GRAD_VALUE_STEPS = 3
 GRAD_VALUES_ENV = "TORCHREPRO_GRAD_VALUE_STEPS"  # how many steps' gradients the launched recorder keeps (default 0)
 OPS = "ops.jsonl"
+RANK_DIR = re.compile(r"rank\d+")  # one rank's directory in a run of several ranks (manifest 'ranks')
 
 
 class TraceWriter:
@@ -67,29 +71,45 @@ class TraceWriter:
             self._f.close()
 
 
+_AGAIN = "Record the run again with `torchrepro run --record DIR -- ...`."
+
+# The JSON types of the event fields that readers use (absent fields pass; see docs/formats.md).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "kind": ("string",), "t": ("number",), "n": ("int",), "opt": ("int",), "step": ("int",), "name": ("string",),
+    "params": ("object of strings or nulls",), "grads": ("object of strings or nulls",),
+    "state": ("object of strings or nulls",), "batches": ("list",), "losses": ("list of objects",),
+    "loss": ("object",), "lr": ("list",), "value": ("hex float string",),
+}
+LOSS_FIELDS: dict[str, tuple[str, ...]] = {"fp": ("string", "null"), "value": ("hex float string", "null")}
+# Fields each kind of event must have (its readers index them).
+EVENT_REQUIRED: dict[str, tuple[str, ...]] = {"backward": ("loss",), "metric": ("name", "value")}
+
+
+def event_problems(event: Any) -> list[str]:
+    """What is wrong with one trace event, as sentences (empty when its fields can be trusted)."""
+    if not isinstance(event, dict):
+        return [f"it holds {describe(event)}, expected an object"]
+    problems = field_problems(event, EVENT_FIELDS)
+    kind = event.get("kind")
+    missing = [name for name in EVENT_REQUIRED.get(kind, ()) if name not in event] if isinstance(kind, str) else []
+    problems += [f"a {kind!r} event needs '{name}'" for name in missing]
+    losses = event.get("losses") if isinstance(event.get("losses"), list) else []
+    loss = [event["loss"]] if isinstance(event.get("loss"), dict) else []
+    for entry in [*losses, *loss]:
+        if isinstance(entry, dict):
+            problems += field_problems(entry, LOSS_FIELDS, prefix="loss.")
+    return problems
+
+
 def read_trace_lines(run_dir: str | Path) -> tuple[list[dict[str, Any]], bool]:
-    """Events of a trace file and whether its last line was cut off (a killed run)."""
+    """Events of a trace file and whether its last line was cut off (a killed run); RunDirError if unusable.
+
+    Every event is checked: an object whose fields have the types of :data:`EVENT_FIELDS`.
+    """
     path = Path(run_dir) / TRACE
-    events: list[dict[str, Any]] = []
-    truncated = False
-    if not path.exists():
-        return events, truncated
-    if not path.is_file():  # a directory, FIFO or device: never read (a FIFO would block forever)
-        raise RunDirError(path, "is not a regular file, so it is not a trace written by torchrepro.",
-                          "Record the run again with `torchrepro run --record DIR -- ...`.")
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    for i, line in enumerate(lines):
-        if not line:
-            continue
-        try:
-            events.append(json.loads(line))
-        except (ValueError, RecursionError):  # bad JSON, nested too deep, an integer of too many digits
-            if i == len(lines) - 1:  # the last line, without a newline: cut off mid-write
-                truncated = True
-                break
-            raise RunDirError(path, f"line {i + 1} is not valid JSON; the trace is corrupt.",
-                              "Record the run again with `torchrepro run --record DIR -- ...`.") from None
-    return events, truncated
+    if not os.path.lexists(path):
+        return [], False
+    return read_jsonl(path, error=RunDirError, action=_AGAIN, check=event_problems, what="a valid event")
 
 
 def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +153,7 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A values file as ``{name: tensor}``, loaded without running pickled code; RunDirError if unusable."""
     import torch
 
+    check_regular(path, error=RunDirError, action="Record the run again.")  # a FIFO would block, /dev/zero not end
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
             warnings.simplefilter("ignore")
@@ -212,21 +233,10 @@ def load_run(run_dir: str | Path, *, allow_ranks: bool = False) -> Run:
     if not path.is_dir():
         raise RunDirError(path, "is not a directory.", "Pass a directory written by `torchrepro run --record DIR`.")
     mpath = path / MANIFEST
-    if not mpath.exists():
+    if not os.path.lexists(mpath):
         raise RunDirError(path, f"has no {MANIFEST}: it is not a run directory, or the run did not finish.",
                           "Pass a directory written by `torchrepro run --record DIR`.")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunDirError(mpath, f"is not valid JSON ({exc}); it is corrupt or truncated.",
-                          "Record the run again.") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise RunDirError(mpath, f"has format {got!r}, expected {FORMAT!r}.",
-                          "Pass a directory written by `torchrepro run --record DIR`.")
-    if manifest.get("version") != VERSION:
-        raise RunDirError(mpath, f"has format version {manifest.get('version')!r}; this torchrepro reads "
-                          f"version {VERSION}.", "Use the torchrepro version that recorded it, or record again.")
+    manifest = read_manifest(mpath)
     if manifest.get("ranks") and not allow_ranks:
         first = path / str(manifest["ranks"][0])
         raise RunDirError(path, f"is a run of {len(manifest['ranks'])} ranks (torchrun); each rank's recording is "
@@ -238,6 +248,56 @@ def load_run(run_dir: str | Path, *, allow_ranks: bool = False) -> Run:
         raise RunDirError(path / TRACE, f"has {len(events)} complete records but the manifest lists {expected}; "
                           "the trace is truncated or was modified.", "Record the run again.")
     return Run(path=path, manifest=manifest, events=events)
+
+
+# The JSON types of the manifest fields that readers use (absent fields pass; see docs/formats.md).
+MANIFEST_FIELDS: dict[str, tuple[str, ...]] = {
+    "format": ("string",), "version": ("int",), "command": ("list of strings",), "trace_records": ("int",),
+    "step_mode": ("string",), "steps": ("int",), "fingerprint_algorithm": ("string", "null"),
+    "device": ("string", "null"), "environment": ("object",), "audit_probe": ("object", "null"),
+    "ranks": ("list of strings",), "rank_status": ("object",), "failed_rank": ("int", "null"),
+    "unreplicated": ("list of strings",), "values_error": ("string", "null"), "values_failed": ("list",),
+    "compiled": ("list of objects",),
+}
+STEP_MODES = ("optimizer", "backward")
+# Each ``compiled`` region (see compiled.py): the fields that compare.region_text and the compile checks index.
+COMPILED_FIELDS: dict[str, tuple[str, ...]] = {
+    "index": ("int",), "target": ("string",), "param_prefix": ("string", "null"), "module_path": ("string", "null"),
+    "file": ("string", "null"), "line": ("int", "null"),
+}
+
+
+def read_manifest(mpath: Path) -> dict[str, Any]:
+    """A run's ``manifest.json``, checked: format, version, and the types of :data:`MANIFEST_FIELDS`."""
+    manifest = read_json(mpath, error=RunDirError, action="Record the run again.")
+    got = manifest.get("format") if isinstance(manifest, dict) else manifest
+    if got != FORMAT:
+        what = repr(got) if isinstance(got, str) and len(got) <= 40 else describe(got)
+        raise RunDirError(mpath, f"has format {what}, expected {FORMAT!r}.",
+                          "Pass a directory written by `torchrepro run --record DIR`.")
+    version = manifest.get("version")
+    if not (type(version) is int and version == VERSION):
+        what = version if type(version) is int and len(str(version)) <= 24 else describe(version)
+        raise RunDirError(mpath, f"has format version {what}; this torchrepro reads version {VERSION}.",
+                          "Use the torchrepro version that recorded it, or record again.")
+    action = "The manifest is corrupt or was edited: record the run again."
+    check_fields(manifest, MANIFEST_FIELDS, source=mpath, error=RunDirError, action=action)
+    problems = _manifest_value_problems(manifest)
+    if problems:
+        raise RunDirError(mpath, f"has fields of the wrong value: {'; '.join(problems[:3])}.", action)
+    return manifest
+
+
+def _manifest_value_problems(manifest: dict[str, Any]) -> list[str]:
+    """Values of the right JSON type that readers still cannot use: rank names, step modes, compiled regions."""
+    problems = [f"'ranks' names {describe(r)}, expected rank0, rank1, ..." for r in manifest.get("ranks") or []
+                if not RANK_DIR.fullmatch(r)][:1]
+    if manifest.get("step_mode", STEP_MODES[0]) not in STEP_MODES:
+        problems.append(f"'step_mode' is {describe(manifest['step_mode'])}, expected one of {', '.join(STEP_MODES)}")
+    for i, region in enumerate(manifest.get("compiled") or []):
+        problems += [f"'compiled[{i}]' has no '{name}'" for name in ("index", "target") if name not in region]
+        problems += field_problems(region, COMPILED_FIELDS, prefix=f"compiled[{i}].")
+    return problems
 
 
 def load_ranks(run_dir: str | Path) -> tuple[Run, list[Run]]:

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import ScriptError
+from .._readjson import read_json
+from ..errors import ScriptError, StateFileError
 from ..launcher import LaunchOptions, launch, parse_python_command
 from ..scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
 from .check_cmd import tail_lines
@@ -82,9 +83,10 @@ def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any 
 
 
 def _read_report(path: Path) -> dict[str, Any] | None:
+    """The report the scanned child wrote, or None when it is missing or unusable (the child was killed)."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = read_json(path)
+    except StateFileError:
         return None
     return doc if isinstance(doc, dict) else None
 
