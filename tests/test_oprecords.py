@@ -170,5 +170,6 @@ def test_a_trace_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
         os.mkfifo(run_dir / "trace.jsonl")
     else:
         (run_dir / "trace.jsonl").mkdir()
-    with pytest.raises(RunDirError, match=r"trace.jsonl: is (a directory|a FIFO \(named pipe\)), expected a regular file"):
+    expected = r"trace.jsonl: is (a directory|a FIFO \(named pipe\)), expected a regular file"
+    with pytest.raises(RunDirError, match=expected):
         load_run(run_dir)
