@@ -142,10 +142,14 @@ _TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": 
                      "virtual_local_rank": (False,)}
 
 
+TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.launcher torchrun ARGS``: torch.distributed.run, tied to us
+
+
 def torchrun_command(target: Target, nproc_per_node: int) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher."""
-    return [target.interpreter, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-            "--no-python", *target.child_command()]
+    """``torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher, run by
+    :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro)."""
+    return [target.interpreter, *target.python_flags, "-m", "torchrepro.launcher", TORCHRUN_KIND, "--standalone",
+            f"--nproc-per-node={nproc_per_node}", "--no-python", *target.child_command()]
 
 
 def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
@@ -248,8 +252,7 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
     if opts.deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env[CONFIG_ENV] = json.dumps(asdict(opts))
-    if not opts.nproc_per_node:  # under torchrun the ranks' parent is torchrun, which they die with
-        env[PARENT_ENV] = str(os.getpid())
+    env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
     return env
 
 
@@ -578,6 +581,25 @@ def _die_with_parent(parent: int | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _torchrun_main(args: list[str]) -> int:
+    """Run ``torch.distributed.run ARGS`` in this process, which dies with the torchrepro parent.
+
+    Linux: torchrun gets SIGTERM when torchrepro dies (even by SIGKILL) and stops its ranks; each rank, in a
+    session of its own, gets SIGTERM when torchrun dies (:func:`_die_with_parent`, given torchrun's pid here).
+    """
+    _die_with_parent(_parent_pid())
+    os.environ[PARENT_ENV] = str(os.getpid())
+    sys.argv = ["torchrun", *args]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _parent_pid() -> int | None:
+    """The pid of the process this one must die with (``TORCHREPRO_PARENT_PID``, removed from the environment)."""
+    value = os.environ.pop(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
 def _redirect_output(rank_dir: Path) -> None:
     """Point this process's stdout and stderr (file descriptors 1 and 2) at ``rank_dir/stdout.txt``/``stderr.txt``."""
     rank_dir.mkdir(parents=True, exist_ok=True)
@@ -605,7 +627,7 @@ def _run_code(code: str) -> None:
 
 
 def _child_main(argv: list[str]) -> int:
-    _die_with_parent(int(os.environ.pop(PARENT_ENV)) if os.environ.get(PARENT_ENV, "").isdigit() else None)
+    _die_with_parent(_parent_pid())
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
         opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
@@ -682,4 +704,4 @@ def freeze_heap() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(_torchrun_main(sys.argv[2:]) if sys.argv[1:2] == [TORCHRUN_KIND] else _child_main(sys.argv[1:]))
