@@ -463,7 +463,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         rank_dir = record / f"rank{r}"
         rank_dir.mkdir(exist_ok=True)
         code, ended = _rank_exit(rank_dir, reported, r)
-        if ended is not None and code:
+        if ended is not None:
             ends[r] = ended
         sub = dataclasses.replace(opts, record=str(rank_dir), nproc_per_node=None)
         rank_rc = code if code is not None else (rc if rc else 0)
@@ -472,7 +472,9 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         ranks[f"rank{r}"] = {"exit_code": code, "status": res.status if code is not None or not rc else "stopped",
                              "steps": (res.manifest or {}).get("steps", 0)}
     failed = [int(k[4:]) for k, v in ranks.items() if v["status"] not in ("ok", "stopped-at-max-steps")]
-    first = root if root is not None else (min(ends, key=ends.get) if ends else (failed[0] if failed else None))
+    failed_ends = {r: ends[r] for r in failed if r in ends}
+    first = root if root is not None else (min(failed_ends, key=failed_ends.get) if failed_ends else
+                                           (failed[0] if failed else None))
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and ranks and all(v["status"] == "stopped-at-max-steps" for v in ranks.values()):
         status = "stopped-at-max-steps"
@@ -483,11 +485,21 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         "command": list(command), "cwd": os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
+        "ended_early": ended_early(ranks, ends, failed),
         "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
         "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
         "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
     })
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+def ended_early(ranks: dict[str, dict[str, Any]], ends: dict[int, float], failed: list[int]) -> list[int]:
+    """The ranks that exited 0 (not at --max-steps) before any failed rank ended: the others were left waiting."""
+    if not failed:
+        return []
+    first_failure = min((ends[r] for r in failed if r in ends), default=float("inf"))
+    return [r for r in range(len(ranks))
+            if ranks[f"rank{r}"]["status"] == "ok" and ends.get(r, first_failure) < first_failure]
 
 
 class _StepCounter:
