@@ -235,6 +235,18 @@ def test_sigterm_on_the_torchrun_path_stops_every_rank_and_exits_143(tmp_path):
     assert manifest["status"] == "interrupted" and manifest["interrupted_by"] == "SIGTERM"
 
 
+def test_check_of_a_script_that_ends_in_os_exit(tmp_path):
+    out = tmp_path / "out"
+    p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "os_exit.py"), "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith(f"torchrepro: IDENTICAL - 2 runs of `python {SCRIPTS / 'os_exit.py'} 2`, 2 steps "
+                               "each; every recorded loss"), p.stdout
+    assert "Environment: not compared" not in p.stdout and "older torchrepro" not in p.stdout
+    manifest = json.loads((out / "run1" / "manifest.json").read_text())
+    assert manifest["environment"]["schema"] == "torchrepro.env/1" and manifest["fingerprint_algorithm"]
+    assert (manifest["steps"], manifest["backward_calls"], manifest["child_exit_code"]) == (2, 2, 0)
+
+
 # --- the command line -------------------------------------------------------------------------------------
 def test_pythonhashseed_is_overridden_and_said(tmp_path):
     p = cli("run", "--", "python", str(SCRIPTS / "show_env.py"), env={"PYTHONHASHSEED": "random"})

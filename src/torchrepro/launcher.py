@@ -646,7 +646,7 @@ def _child_main(argv: list[str]) -> int:
         if opts.rank_output:
             _redirect_output(Path(opts.record))
     from . import determinism, seeding
-    from .envinfo import ScriptProbe, environment_summary
+    from .envinfo import ScriptProbe
     from .record import MaxStepsReached, Recorder
 
     if opts.seed is not None:
@@ -663,6 +663,8 @@ def _child_main(argv: list[str]) -> int:
                             value_schedule=opts.value_schedule,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
+    end = _ChildEnd(recorder, probe, opts.record)
+    _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
@@ -688,19 +690,50 @@ def _child_main(argv: list[str]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        if recorder is not None:
-            summary = recorder.finish()
-            summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
-            summary["environment"] = environment_summary()
-            if probe is not None:
-                summary["audit_probe"] = probe.facts()
-            summary["peak_memory"] = peak_memory()
-            summary["torch"] = sys.modules["torch"].__version__
-            summary["child_exit_code"], summary["child_ended"] = code, time.time()
-            atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
+        end(code, stopped)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+@dataclass
+class _ChildEnd:
+    """Writes the child's summary (``child.json``: what the recorder saw, the environment, the exit code) once,
+    in the launched process only: when the script ends, or from ``os._exit`` (which skips ``finally``)."""
+
+    recorder: Any
+    probe: Any
+    record: str | None
+    pid: int = field(default_factory=os.getpid)
+    written: bool = False
+
+    def __call__(self, code: int, stopped: bool) -> None:
+        if self.recorder is None or self.written or os.getpid() != self.pid:
+            return
+        self.written = True
+        from .envinfo import environment_summary
+
+        summary = self.recorder.finish()
+        summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
+        summary["environment"] = environment_summary()
+        if self.probe is not None:
+            summary["audit_probe"] = self.probe.facts()
+        summary["peak_memory"] = peak_memory()
+        summary["torch"] = sys.modules["torch"].__version__
+        summary["child_exit_code"], summary["child_ended"] = code, time.time()
+        atomic_write_json(Path(str(self.record)) / "child.json", summary)
+
+
+def _write_summary_on_os_exit(end: _ChildEnd) -> None:
+    """Make ``os._exit(status)`` in this process write the summary first; a forked child's exits as before."""
+    real_exit = os._exit
+
+    def _exit(status: int) -> None:
+        with contextlib.suppress(BaseException):  # the script asked to exit now: it does, summary or not
+            end(status, False)
+        real_exit(status)
+
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def freeze_heap() -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..audit import AuditReport, audit, audit_recorded
-from ..errors import ScriptError
+from ..errors import Interrupted, ScriptError
 from ..launcher import LaunchOptions, launch, parse_python_command
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
@@ -51,14 +52,19 @@ def render_report(report: AuditReport) -> str:
 
 def _audit_script(command: list[str]) -> AuditReport:
     parse_python_command(command)
+    what = f"`{' '.join(command)}`"
     with tempfile.TemporaryDirectory(prefix="torchrepro-audit-") as tmp:
         record = Path(tmp) / "run"
-        result = launch(command, LaunchOptions(record=str(record), max_steps=1, audit=True), stdout=sys.stderr)
+        try:
+            result = launch(command, LaunchOptions(record=str(record), max_steps=1, audit=True), stdout=sys.stderr)
+        except Interrupted as exc:  # its partial recording is in the temporary directory, removed on the way out
+            name = signal.Signals(exc.signum).name
+            raise Interrupted(exc.signum, f"interrupted by {name}: stopped the script {what} before it could be "
+                              "audited; nothing was kept.") from None
         if result.returncode != 0 or result.manifest is None:
-            raise ScriptError(f"the script `{' '.join(command)}` failed with exit code {result.returncode} before "
-                              "it could be audited (its output is above). Fix it so that it runs on its own, then "
-                              "audit again.")
-        return audit_recorded(result.manifest, launch_env=dict(os.environ))
+            raise ScriptError(f"the script {what} failed with exit code {result.returncode} before it could be "
+                              "audited (its output is above). Fix it so that it runs on its own, then audit again.")
+        return audit_recorded(result.manifest, launch_env=dict(os.environ), source=f"the recording of {what}")
 
 
 def run(args: argparse.Namespace) -> int:
