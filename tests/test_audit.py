@@ -252,3 +252,11 @@ def test_audit_interrupted_does_not_name_the_directory_it_removed(tmp_path):
     assert stderr.endswith(f"torchrepro: interrupted by SIGTERM: stopped the script `python {SCRIPTS / 'waits.py'} "
                            f"{pidfile}` before it could be audited; nothing was kept.\n"), stderr
     assert list(tmp.iterdir()) == []  # its temporary recording is gone, and no message names it
+
+
+def test_audit_prints_recorded_values_escaped(monkeypatch, capsys):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "\x1b[31mred\x1b[0m\u202e")
+    main(["audit"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "\\x1b[31mred\\x1b[0m\\u202e" in out

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._table import printable
 from ..audit import AuditReport, audit, audit_recorded
 from ..errors import Interrupted, ScriptError
 from ..launcher import LaunchOptions, launch, parse_python_command
@@ -38,15 +39,15 @@ def add_parser(sub: Any) -> None:
 
 def render_report(report: AuditReport) -> str:
     """The checklist as text: one line per item, then the state and fix of every finding."""
-    what = f"`{' '.join(report.command)}` at its first step" if report.command else "this environment"
+    what = f"`{printable(' '.join(report.command))}` at its first step" if report.command else "this environment"
     lines = [f"torchrepro audit of {what}: "
              + (f"{len(report.findings)} finding(s)" if report.findings else "no findings")]
-    for item in report.items:
+    for item in report.items:  # states and fixes quote recorded values (variables, seeds): printed escaped
         lines.append(f"  {_MARK[item.severity]}  {item.area:<31} {item.title}")
-        lines.append(f"          {item.state}")
+        lines.append(f"          {printable(item.state)}")
         if item.finding and item.fix:
-            lines.append(f"          fix: {item.fix}")
-    lines += [f"Note:  {note}" for note in report.notes]
+            lines.append(f"          fix: {printable(item.fix)}")
+    lines += [f"Note:  {printable(note)}" for note in report.notes]
     return "\n".join(lines)
 
 
