@@ -664,7 +664,8 @@ def _child_main(argv: list[str]) -> int:
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
     end = _ChildEnd(recorder, probe, opts.record)
-    _write_summary_on_os_exit(end)
+    if recorder is not None:
+        _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
