@@ -580,7 +580,8 @@ def peak_memory() -> dict[str, Any]:
 
 
 def _die_with_parent(parent: int | None) -> None:
-    """Linux: get SIGTERM when the torchrepro parent dies (even by SIGKILL), so the script never outlives it."""
+    """Linux: get SIGTERM when the parent dies (even by SIGKILL): torchrepro, or torchrun for a rank (``parent``
+    is that pid, to catch a parent that died before the call), so the script never outlives torchrepro."""
     if not sys.platform.startswith("linux"):
         return
     try:

@@ -40,7 +40,7 @@ class Desync:
     step: int
     kind: str
     names: list[str]
-    ranks: list[int]  # the ranks that differ from the reference ranks (for the first name)
+    ranks: list[int]  # the ranks that differ from the reference ranks (for the first name; "steps": ran fewer)
     reference: list[int]
     compared: int = 0  # tensors compared at that step
 
