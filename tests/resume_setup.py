@@ -80,3 +80,31 @@ def plain_load(path: str, state: dict) -> None:
     data = torch.load(path, weights_only=True)
     state["model"].load_state_dict(data["model"])
     state["optimizer"].load_state_dict(data["optimizer"])
+
+
+def build_tiny() -> dict:
+    model = nn.Linear(3, 1)
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+
+
+def step_tiny(state: dict) -> torch.Tensor:
+    state["optimizer"].zero_grad()
+    loss = state["model"](torch.randn(4, 3)).pow(2).mean()
+    loss.backward()
+    state["optimizer"].step()
+    return loss
+
+
+def step_fails(state: dict) -> torch.Tensor:
+    raise RuntimeError("the training step broke")
+
+
+def step_hangs(state: dict) -> torch.Tensor:
+    """Write this process's pid where TORCHREPRO_TEST_PID_FILE says, then hang."""
+    import os
+    import time
+
+    with open(os.environ["TORCHREPRO_TEST_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    return torch.zeros(())

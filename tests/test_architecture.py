@@ -11,7 +11,7 @@ LAYERS = {
     0: {"errors", "fingerprint", "_compat", "_io", "_version", "_table", "_launchenv", "_seeds", "_ompteam"},
     1: {"seeding", "determinism", "rng", "data", "checkpoint", "models", "distributed", "registry",
         "policy", "nn"},
-    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics", "compiled"},
+    2: {"record", "launcher", "envinfo", "store", "optrace", "_modules", "outdir", "metrics", "compiled", "workdir"},
     3: {"compare", "resume", "locate", "_resume_child", "lint", "envdiff", "audit", "measure", "variance",
         "rankcompare", "scan", "compilelocate"},
     4: {"cli", "report", "__init__", "__main__", "pytest_plugin"},

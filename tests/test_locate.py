@@ -61,7 +61,10 @@ def test_unseeded_generator_in_a_module_gives_rng_verdict(tmp_path):
     assert loc["verdict"] == "rng" and loc["title"] == "random-number state differs"
     assert loc["op"]["op"] == "aten.randn" and loc["op"]["module"] == "1"
     assert loc["op"]["line"] == _line_of(script, "NOISE-LINE")
-    assert "seed the generator" in loc["fix"]
+    assert loc["op"]["generator"] == "private"
+    assert loc["fix"].endswith("come from a torch.Generator passed as generator= whose seed differs between runs (its "
+                               ".seed(), or a seed taken from the clock or the OS): seed it with a fixed value, "
+                               "generator.manual_seed(SEED).")
 
 
 def test_branch_on_unseeded_draw_gives_control_flow_verdict(tmp_path):
@@ -83,6 +86,8 @@ def test_unseeded_init_is_located_in_the_model_construction(tmp_path):
     assert doc["cause"] == "initial-weights" and loc["step"] == 0
     assert loc["verdict"] == "rng" and loc["op"]["op"] == "aten.uniform_"
     assert loc["op"]["line"] == _line_of(script, "model = nn.Sequential")
+    assert loc["op"]["generator"] == "global" and ".seed()" not in loc["fix"]
+    assert "come from torch's global generator" in loc["fix"] and "`torchrepro check --seed 0 -- ...`" in loc["fix"]
 
 
 def test_deterministic_script_has_nothing_to_locate(tmp_path):
@@ -397,3 +402,80 @@ def test_ops_after_the_exit_flush_are_neither_counted_nor_lost(tmp_path):
     assert p.returncode == 0, p.stderr
     assert [op["op"] for op in read_ops(tmp_path / "ops.jsonl")] == ["aten.add"] * 5
     assert (tmp_path / "count").read_text() == "5"
+
+
+# --- the fix text of a random draw matches the generator that drew ------------------------------------------
+def test_the_tracer_records_which_generator_a_draw_used():
+    g = torch.Generator().manual_seed(1)
+    with torchrepro.trace_ops() as trace:
+        torch.randn(3)
+        torch.randn(3, generator=g)
+        torch.ones(2).add(1)
+    draws = [(op["op"], op.get("generator")) for op in trace.ops if op["rng"]]
+    assert draws == [("aten.randn", "global"), ("aten.randn", "private")]
+    assert all("generator" not in op for op in trace.ops if not op["rng"])
+
+
+_DRAW_FIXES = {
+    "global": "The random numbers drawn by aten.uniform_ (f.py:1) come from torch's global generator, which is "
+              "not seeded with a fixed seed before this draw: call torchrepro.seed_everything(SEED) (or "
+              "torch.manual_seed(SEED)) at the top of the script, before anything draws, or rerun with "
+              "`torchrepro check --seed 0 -- ...` to confirm.",
+    "private": "The random numbers drawn by aten.uniform_ (f.py:1) come from a torch.Generator passed as "
+               "generator= whose seed differs between runs (its .seed(), or a seed taken from the clock or the "
+               "OS): seed it with a fixed value, generator.manual_seed(SEED).",
+    None: "The random numbers drawn by aten.uniform_ (f.py:1) differ between runs: seed the generator it uses "
+          "with a fixed value (torchrepro.seed_everything(SEED) for torch's global generator; "
+          "generator.manual_seed(SEED) for a torch.Generator passed as generator=).",
+}
+
+
+@pytest.mark.parametrize("generator", ["global", "private", None])
+def test_the_fix_for_a_random_draw_names_what_drew_it(generator):
+    """An unseeded global draw was told to use `manual_seed(SEED) instead of .seed()`, which nothing called."""
+    extra = {} if generator is None else {"generator": generator}
+    res = locate_ops([_op("aten.uniform_", ["junk1"], ["x"], rng=True) | extra],
+                     [_op("aten.uniform_", ["junk2"], ["y"], rng=True) | extra])
+    assert res.verdict == "rng"
+    assert res.fix == _DRAW_FIXES[generator]
+
+
+# --- training in a thread -------------------------------------------------------------------------------------
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+def test_locate_traces_training_that_runs_in_another_thread(tmp_path):
+    """The tracer saw the main thread only: "did not reproduce, 0 and 0 ops"."""
+    script = SCRIPTS / "threaded_scatter.py"
+    rc, doc, err = locate(tmp_path, script, "--max-steps", "2")
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["ops_traced"][0] > 0 and loc["ops_traced"][1] > 0
+    assert loc["verdict"] == "origin" and loc["op"]["op"] == "aten.index_put_", loc
+    assert loc["op"]["line"] == _line_of(EXAMPLES / "scatter_gnn.py", "index_put_((flat_index,)")
+    assert loc["op"]["module"] == "layers.0"
+
+
+def test_trace_ops_records_the_ops_of_a_thread_started_while_tracing():
+    import threading
+
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    with torchrepro.trace_ops() as trace:
+        worker = threading.Thread(target=lambda: torch.ones(3).cumsum(0))
+        worker.start()
+        worker.join()
+    assert [op["op"] for op in trace.ops if op["op"] == "aten.cumsum"] == ["aten.cumsum"]
+    assert not trace.active and _get_current_dispatch_mode() is None
+    after = threading.Thread(target=lambda: torch.ones(3).cumsum(0))  # not traced once the tracer stopped
+    after.start()
+    after.join()
+    assert sum(op["op"] == "aten.cumsum" for op in trace.ops) == 1
+
+
+def test_no_traced_op_at_all_says_where_the_tracer_cannot_see():
+    """0 and 0 ops traced was reported as an intermittent race."""
+    from torchrepro.locate import LocateResult
+
+    fix = LocateResult("not-reproduced", ops_traced=(0, 0), traced_steps=[1]).fix
+    assert fix.startswith("No operation was traced in either re-run: the training ran where the tracer cannot "
+                          "see it.") and "intermittent" not in fix
+    assert "race" in LocateResult("not-reproduced", ops_traced=(5, 5), traced_steps=[1]).fix

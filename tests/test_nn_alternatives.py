@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchrepro.nn as rnn
 import torchrepro.nn.functional as F
@@ -136,7 +138,7 @@ def test_alternatives_run_under_global_deterministic_mode(forced):
 def test_force_sorted_is_restored_after_an_exception():
     from torchrepro.nn import _rowsum
 
-    with pytest.raises(IndexError, match=r"index out of range: values must lie in \[0, 2\], got \[0, 5\]"):
+    with pytest.raises(IndexError, match=r"index out of range in self: got 5 for a dimension of size 3"):
         with force_sorted():
             F.index_add(torch.zeros(3), 0, torch.tensor([0, 5]), torch.ones(2))
     assert _rowsum.use_sorted(torch.device("cpu")) is False
@@ -400,3 +402,232 @@ def test_docstring_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- argument checks: every bad argument raises what PyTorch's op raises -----------------------------------------
+def _ours_index_put(a: torch.Tensor, indices, values: torch.Tensor) -> torch.Tensor:
+    return F.index_put(a, indices, values)
+
+
+def _theirs_index_put(a: torch.Tensor, indices, values: torch.Tensor) -> torch.Tensor:
+    return torch.index_put(a, indices, values, accumulate=True)
+
+
+def _construction(name: str) -> Callable[..., torch.Tensor]:
+    return lambda *args, **kwargs: F.conv_transpose2d(*args, **kwargs, construction=name)
+
+
+_OPS = {  # name -> (PyTorch's op, the alternative); both take the same arguments
+    "index_add": (torch.index_add, F.index_add),
+    "scatter_add": (torch.scatter_add, F.scatter_add),
+    "index_select": (torch.index_select, F.index_select),
+    "gather": (torch.gather, F.gather),
+    "index_put": (_theirs_index_put, _ours_index_put),
+    "bincount": (torch.bincount, F.bincount),
+    "histc": (torch.histc, F.histc),
+    "embedding_bag": (torch.nn.functional.embedding_bag, F.embedding_bag),
+    **{f"conv_transpose2d_{name}": (torch.nn.functional.conv_transpose2d, _construction(name))
+       for name in ("native", "subpixel", "zero_insertion")},
+}
+
+
+def _t(*values, dtype=None) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def _long(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.long)
+
+
+def _mask(*shape: int) -> torch.Tensor:
+    return torch.ones(*shape, dtype=torch.bool)
+
+
+_Z, _O = torch.zeros, torch.ones
+_F64, _I16 = torch.float64, torch.int16
+
+# (case, op, args, kwargs, a phrase both messages contain)
+_BAD = [
+    ("dim too large", "index_add", (_Z(2, 3), 2, _t(0), _O(1, 3)), {}, "Dimension out of range"),
+    ("dim too small", "index_add", (_Z(2, 3), -3, _t(0), _O(1, 3)), {}, "Dimension out of range"),
+    ("source dims swapped", "index_add", (_Z(2, 3), 0, _t(0, 1, 1), _O(3, 2)), {}, "source.shape = [3, 2]"),
+    ("source of another dtype", "index_add", (_Z(2, 3), 0, _t(0), _O(1, 3, dtype=_F64)), {}, "Double"),
+    ("float index", "index_add", (_Z(2, 3), 0, _t(0.0), _O(1, 3)), {}, "int32"),
+    ("2-D index", "index_add", (_Z(2, 3), 0, _t([0]), _O(1, 3)), {}, "vector"),
+    ("index longer than source", "index_add", (_Z(2, 3), 0, _t(0, 1), _O(1, 3)), {}, "Number of indices (2)"),
+    ("1-D source at dim 1", "index_add", (_Z(2, 3), 1, _t(0), _O(1)), {}, "Indexing dim 1"),
+    ("0-d source into 1-D", "index_add", (_Z(3), 0, _t(1), torch.tensor(2.0)), {}, "source.shape = []"),
+    ("index out of range, 1-D", "index_add", (_Z(3), 0, _t(5), _O(1)), {}, "index out of range"),
+    ("index out of range, dim 1", "index_add", (_Z(2, 3), 1, _t(5), _O(2, 1)), {}, "out of bounds"),
+    ("negative index, 3-D", "index_add", (_Z(2, 3, 4), 2, _t(-1), _O(2, 3, 1)), {}, "index -1 is out of bounds"),
+    ("dim too large", "scatter_add", (_Z(2, 3), 2, _long(1, 3), _O(1, 3)), {}, "Dimension out of range"),
+    ("dim too small", "scatter_add", (_Z(2, 3), -3, _long(1, 3), _O(1, 3)), {}, "Dimension out of range"),
+    ("src smaller than index", "scatter_add", (_Z(2, 3), 0, _long(2, 3), _O(1, 3)), {}, "no larger"),
+    ("src dims swapped", "scatter_add", (_Z(4, 3), 0, _long(3, 2), _O(2, 3)), {}, "no larger"),
+    ("index wider than input", "scatter_add", (_Z(2, 3), 0, _long(2, 4), _O(2, 4)), {}, "no larger"),
+    ("src of another dtype", "scatter_add", (_Z(2, 3), 0, _long(1, 3), _O(1, 3, dtype=_F64)), {}, "dtype"),
+    ("float index", "scatter_add", (_Z(2, 3), 0, _Z(1, 3), _O(1, 3)), {}, "int32"),
+    ("index of fewer dims", "scatter_add", (_Z(2, 3), 0, _long(3), _O(3)), {}, "same number of dimensions"),
+    ("src of fewer dims", "scatter_add", (_Z(2, 3), 0, _long(1, 3), _O(3)), {}, "Dimension out of range"),
+    ("index out of range", "scatter_add", (_Z(2, 3), 0, torch.full((1, 3), 5), _O(1, 3)), {}, "out of bounds"),
+    ("negative index", "scatter_add", (_Z(3), 0, _t(-1), _O(1)), {}, "index -1 is out of bounds"),
+    ("dim too large", "index_select", (_Z(2, 3), 2, _t(0)), {}, "Dimension out of range"),
+    ("2-D index", "index_select", (_Z(2, 3), 0, _t([0, 1])), {}, "vector"),
+    ("empty 2-D index", "index_select", (_Z(2, 3), 0, _long(0, 2)), {}, "vector"),
+    ("float index", "index_select", (_Z(2, 3), 0, _t(1.0)), {}, "int32"),
+    ("index out of range", "index_select", (_Z(2, 3), 0, _t(5)), {}, "out of range"),
+    ("dim too large", "gather", (_Z(2, 3), 2, _long(1, 3)), {}, "Dimension out of range"),
+    ("dim too small", "gather", (_Z(2, 3), -3, _long(1, 3)), {}, "Dimension out of range"),
+    ("float index", "gather", (_Z(2, 3), 0, _Z(1, 3)), {}, "int32"),
+    ("index of fewer dims", "gather", (_Z(2, 3), 0, _long(3)), {}, "same number of dimensions"),
+    ("index wider than input", "gather", (_Z(2, 3), 0, _long(2, 4)), {}, "no larger"),
+    ("mask too long", "index_put", (_Z(2, 3), (_mask(3),), torch.tensor(1.0)), {}, "shape of the mask"),
+    ("mask of the wrong 2nd dim", "index_put", (_Z(2, 3), (_mask(2, 2),), torch.tensor(1.0)), {}, "shape of the mask"),
+    ("byte index is a mask", "index_put", (_Z(2, 3), (_t(1, dtype=torch.uint8),), torch.tensor(1.0)), {},
+     "shape of the mask"),
+    ("mask of too many dims", "index_put", (_Z(2), (_mask(2, 2),), torch.tensor(1.0)), {}, "Dimension out of range"),
+    ("values of another dtype", "index_put", (_Z(2, 3), (_t(0),), _O(3, dtype=_F64)), {}, "dtypes match"),
+    ("integer values", "index_put", (_Z(2), (_t(1),), _t(1)), {}, "dtypes match"),
+    ("values of the wrong shape", "index_put", (_Z(2, 3), (_t(0, 1),), _O(2, 2)), {}, "cannot be broadcast"),
+    ("more values than rows", "index_put", (_Z(2, 3), (_t(0),), _O(2, 3)), {}, "cannot be broadcast"),
+    ("float index", "index_put", (_Z(2, 3), (_t(0.0),), _O(3)), {}, "must be long, int, byte or bool"),
+    ("int16 index", "index_put", (_Z(2, 3), (_t(1, dtype=_I16),), torch.tensor(1.0)), {},
+     "must be long, int, byte or bool"),
+    ("too many indices", "index_put", (_Z(2), (_t(0), _t(0)), _O(1)), {}, "too many indices"),
+    ("indices that do not broadcast", "index_put", (_Z(3, 3), (_t(0, 1), _t(0, 1, 2)), _O(1)), {},
+     "broadcast"),
+    ("index out of range", "index_put", (_Z(2), (_t(2),), _O(1)), {}, "out of bounds"),
+    ("negative index out of range", "index_put", (_Z(2), (_t(-3),), _O(1)), {}, "out of bounds"),
+    ("minlength -1", "bincount", (_t(1),), {"minlength": -1}, "minlength should be >= 0"),
+    ("minlength -1, weighted", "bincount", (_t(1), _O(1)), {"minlength": -1}, "minlength should be >= 0"),
+    ("minlength -1, empty", "bincount", (_long(0), _O(0)), {"minlength": -1}, "minlength should be >= 0"),
+    ("negative value, weighted", "bincount", (_t(1, -1), _O(2)), {}, "non-negative"),
+    ("2-D input, weighted", "bincount", (_t([1]), _O(1)), {}, "1-d"),
+    ("0-d input, weighted", "bincount", (torch.tensor(1), _O(1)), {}, "1-d"),
+    ("float input, weighted", "bincount", (_t(1.0), _O(1)), {}, "not implemented for 'Float'"),
+    ("bool input, weighted", "bincount", (_t(True), _O(1)), {}, "not implemented for 'Bool'"),
+    ("weights too long", "bincount", (_t(1, 2), _O(3)), {}, "same length as input"),
+    ("2-D weights", "bincount", (_t(1, 2), _O(2, 1)), {}, "same length as input"),
+    ("float minlength, weighted", "bincount", (_t(1), _O(1)), {"minlength": 2.0}, "float"),
+    ("no bins", "histc", (_O(3), 0), {}, "bins must be > 0"),
+    ("integer input", "histc", (_O(3, dtype=torch.long),), {}, "not implemented for 'Long'"),
+    ("min above max", "histc", (_O(3), 3, 2, 1), {}, "max must be larger than min"),
+    ("infinite range", "histc", (_O(3), 3, 0, float("inf")), {}, "is not finite"),
+    ("float indices", "embedding_bag", (_t(1.0), _O(3, 2), _t(0)), {"mode": "sum"}, "Long, Int"),
+    ("float offsets", "embedding_bag", (_t(1), _O(3, 2), _t(0.0)), {"mode": "sum"}, "Long, Int"),
+    ("2-D input with offsets", "embedding_bag", (_t([1]), _O(3, 2), _t(0)), {"mode": "sum"}, "offsets"),
+    ("1-D input without offsets", "embedding_bag", (_t(1), _O(3, 2)), {"mode": "sum"}, "offsets"),
+    ("3-D input", "embedding_bag", (_t([[1]]), _O(3, 2)), {"mode": "sum"}, "dimension 3"),
+    *[(f"{what}, {construction}", f"conv_transpose2d_{construction}", args, kwargs, phrase)
+      for construction in ("native", "subpixel", "zero_insertion")
+      for what, args, kwargs, phrase in [
+          ("2-D input", (_O(3, 3), _O(1, 1, 2, 2)), {}, "Expected 3D (unbatched) or 4D (batched) input"),
+          ("5-D input", (_O(1, 1, 1, 3, 3), _O(1, 1, 2, 2)), {}, "Expected 3D (unbatched) or 4D (batched) input"),
+          ("output_padding = stride", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"stride": 2, "output_padding": 2},
+           "output padding must be smaller than either stride or dilation"),
+          ("output_padding = dilation > stride", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)),
+           {"output_padding": 2, "dilation": 2}, "output padding must be smaller than either stride or dilation"),
+          ("output_padding = 1 at stride 1", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"output_padding": (0, 1)},
+           "output padding must be smaller than either stride or dilation"),
+          ("negative output_padding", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"stride": 2, "output_padding": -1},
+           "negative output_padding"),
+          ("stride 0", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"stride": 0}, "non-positive stride"),
+          ("negative padding", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"padding": -1}, "negative padding"),
+          ("dilation 0", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"dilation": 0}, "dilation should be greater than zero"),
+          ("groups 0", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"groups": 0}, "non-positive groups"),
+          ("3 strides", (_O(1, 1, 3, 3), _O(1, 1, 2, 2)), {"stride": (1, 1, 1)}, "list of 2 values"),
+          ("channels", (_O(1, 2, 3, 3), _O(1, 1, 2, 2)), {}, "to have 1 channels, but got 2 channels"),
+          ("groups that do not divide", (_O(1, 3, 3, 3), _O(3, 1, 2, 2)), {"groups": 2}, "divisible by 2"),
+          ("bias", (_O(1, 1, 3, 3), _O(1, 1, 2, 2), _O(2)), {}, "expected bias to be 1-dimensional with 1"),
+          ("weight of another dtype", (_O(1, 1, 3, 3), _O(1, 1, 2, 2, dtype=_F64)), {}, "scalar type"),
+          ("output smaller than 1", (_O(1, 1, 1, 1), _O(1, 1, 1, 1)), {"padding": 1}, "Output size is too small"),
+      ]],
+]
+
+
+def _builtin(exc: BaseException) -> type:
+    """The built-in exception class an exception is an instance of (RuntimeError, IndexError, ...)."""
+    return next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
+
+
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
+@pytest.mark.parametrize("forced", [False, True], ids=["cpu_path", "sort_path"])
+@pytest.mark.parametrize(("op", "args", "kwargs", "phrase"),
+                         [pytest.param(*case[1:], id=f"{case[1]}: {case[0]}") for case in _BAD])
+def test_bad_arguments_raise_the_exception_pytorch_raises(op, args, kwargs, phrase, forced):
+    theirs, ours = _OPS[op]
+    with pytest.raises(Exception) as expected:
+        theirs(*args, **kwargs)
+    with force_sorted(forced), pytest.raises(Exception) as got:
+        ours(*args, **kwargs)
+    assert _builtin(got.value) is _builtin(expected.value), (repr(expected.value), repr(got.value))
+    assert phrase in str(expected.value), repr(expected.value)
+    assert phrase in str(got.value), repr(got.value)
+
+
+def _good_calls(data: st.DataObject) -> dict[str, tuple[Callable, Callable, tuple]]:
+    """name -> (PyTorch op, alternative, arguments): shapes, dims (negative too), dtypes drawn by hypothesis."""
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3), "shape")
+    dim = data.draw(st.integers(-len(shape), len(shape) - 1), "dim")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), "seed"))
+    dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), "dtype")
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    n = data.draw(st.integers(0, 6), "picks")
+    idx = torch.randint(0, shape[dim], (n,), generator=g, dtype=data.draw(st.sampled_from([torch.int64,
+                                                                                            torch.int32])))
+    src = torch.randn([n if d == dim % len(shape) else s for d, s in enumerate(shape)], generator=g, dtype=dtype)
+    index_shape = [torch.randint(1, s + 1, (), generator=g).item() for s in shape]
+    sidx = torch.randint(0, shape[dim], index_shape, generator=g)
+    rows = torch.randint(-shape[0], shape[0], (n,), generator=g)
+    values = torch.randn(n, *shape[1:], generator=g, dtype=dtype)
+    counted = torch.randint(0, 5, (n,), generator=g, dtype=data.draw(st.sampled_from([torch.uint8, torch.int32,
+                                                                                      torch.int64])))
+    weights = (torch.randn(n, generator=g) * 10).to(data.draw(st.sampled_from([torch.float32, torch.float64,
+                                                                               torch.int64])))
+    minlength = data.draw(st.integers(0, 7), "minlength")
+    return {
+        "index_add": (torch.index_add, F.index_add, (x, dim, idx, src)),
+        "scatter_add": (torch.scatter_add, F.scatter_add, (x, dim, sidx, torch.randn(index_shape, dtype=dtype))),
+        "index_select": (torch.index_select, F.index_select, (x, dim, idx)),
+        "gather": (torch.gather, F.gather, (x, dim, sidx)),
+        "index_put": (_theirs_index_put, _ours_index_put, (x, (rows,), values)),
+        "bincount": (lambda *a: torch.bincount(*a, minlength=minlength),
+                     lambda *a: F.bincount(*a, minlength=minlength), (counted, weights)),
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_good_arguments_give_the_bits_of_pytorch_under_deterministic_mode(data):
+    calls = _good_calls(data)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        expected = {name: theirs(*args) for name, (theirs, _, args) in calls.items()}
+        for forced in (False, True):
+            with force_sorted(forced):
+                for name, (_, ours, args) in calls.items():
+                    got = ours(*args)
+                    assert got.dtype == expected[name].dtype and torch.equal(got, expected[name]), (name, forced)
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("construction", ["native", "subpixel", "zero_insertion"])
+def test_conv_transpose2d_takes_unbatched_input_as_pytorch_does(construction):
+    g = torch.Generator().manual_seed(5)
+    torch.manual_seed(0)
+    ref = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2, dilation=(1, 2)).double()
+    ours = rnn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, groups=2, dilation=(1, 2), construction=construction)
+    ours.double().load_state_dict(ref.state_dict())
+    x = torch.randn(4, 5, 6, generator=g, dtype=torch.float64)
+    for output_size, shape in ((None, (6, 9, 13)), ([10, 14], (6, 10, 14))):
+        expected = ref(x, output_size=output_size)
+        got = ours(x, output_size=output_size)
+        assert got.shape == expected.shape == shape
+        if construction == "native":
+            assert torch.equal(got, expected)
+        torch.testing.assert_close(got, expected, **TOLERANCE[torch.float64])
+        assert torch.equal(got, ours(x.unsqueeze(0), output_size=output_size).squeeze(0))
+    with pytest.raises(RuntimeError, match="output padding must be smaller than either stride or dilation"):
+        rnn.ConvTranspose2d(1, 1, 2, stride=2, output_padding=2, construction=construction)(torch.ones(1, 3, 3))

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch._inductor.config  # noqa: F401
 
 from torchrepro.seeding import derive_seed
 
+# pytester's in-process runs drop the modules first imported inside them; torch.use_deterministic_algorithms
+# imports torch._inductor on first use, and importing it a second time fails (TORCH_LIBRARY registered twice), so
+# it is imported here, outside every run (it used to pass only when an earlier test file had imported it).
 pytest_plugins = ["pytester"]
 
 ORDER_TESTS = '''
@@ -151,3 +155,45 @@ def test_own_generator(torchrepro_seed):
     return torch.rand(3, generator=g), torchrepro_seed
 ''')
     pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=1)
+
+
+def test_reproducible_marker_compares_modules_and_objects_by_state(pytester):
+    pytester.makepyfile('''
+import dataclasses
+import pytest
+import torch
+
+@dataclasses.dataclass
+class Run:
+    model: torch.nn.Module
+    loss: float
+
+@pytest.mark.reproducible
+def test_module():
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+@pytest.mark.reproducible
+def test_dataclass_of_a_module():
+    return Run(torch.nn.Linear(2, 2), 0.5)
+
+@pytest.mark.reproducible
+def test_unseeded_init():
+    model = torch.nn.Linear(2, 2)
+    g = torch.Generator()
+    g.seed()
+    with torch.no_grad():
+        model.bias.copy_(torch.randn(2, generator=g))
+    return model
+
+@pytest.mark.reproducible
+def test_opaque():
+    return {"loss": torch.ones(1), "callback": object()}
+''')
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=2)
+    text = result.stdout.str()
+    assert "test test_unseeded_init is not deterministic (2 calls, each from the same RNG state; compared bitwise " \
+           "(atol=0, rtol=0)): output.bias differs between call 1 and call 2: 2 of 2 elements differ" in text
+    assert "test test_opaque cannot be checked: output['callback'] is of type object (builtins.object), which " \
+           "cannot be compared between calls" in text
+    assert "Traceback" not in text and "UncomparableResultError" not in text

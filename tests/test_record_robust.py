@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import subprocess
 import sys
 import threading
@@ -326,3 +327,39 @@ def test_watch_still_propagates_other_errors(tmp_path):
         model(torch.ones(1, 3)).sum().backward()
         raise ValueError("boom")
     assert load_run(tmp_path / "r").manifest["status"] == "failed"
+
+
+# --- a forked child ------------------------------------------------------------------------------------------
+FORK_SCRIPT = SCRIPTS / "fork_child_trains.py"
+needs_fork = pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+
+
+@needs_fork
+def test_a_forked_child_that_trains_records_nothing_into_the_parents_run(tmp_path):
+    """The child's init/step events went into the parent's trace: check said DIVERGED at step 0."""
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(tmp_path / "o"),
+                        "--", "python", str(FORK_SCRIPT)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "identical" and doc["steps"] == [3, 3]
+    for name in ("run1", "run2"):
+        run = load_run(tmp_path / "o" / name)
+        assert [e["kind"] for e in run.events] == ["init", "backward", "step", "step", "step", "final"]
+
+
+@needs_fork
+def test_a_forked_child_that_trains_writes_no_op_records(tmp_path):
+    """The op tracer of `--trace-steps` (what --locate uses) keeps only the parent's ops."""
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "run", "--record", str(tmp_path / "r"),
+                        "--trace-steps", "1", "--", "python", str(FORK_SCRIPT)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    from torchrepro.optrace import read_ops
+
+    ops = list(read_ops(tmp_path / "r" / "ops.jsonl"))
+    assert ops and [op["i"] for op in ops] == list(range(len(ops)))
+    assert {op["step"] for op in ops} == {1}
+    assert not any(op["op"] == "aten.cumsum" for op in ops)  # only the child runs cumsum
+    run = load_run(tmp_path / "r")
+    assert [e["kind"] for e in run.events] == ["init", "backward", "step", "step", "step", "final"]
+    assert run.manifest["traced_ops"] == len(ops)

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import random
+import re
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -15,6 +20,7 @@ from torch import nn
 import torchrepro
 from torchrepro.checkpoint import read_checkpoint
 from torchrepro.errors import CheckpointError, ReproWarning
+from torchrepro.resume import ResumeRunError
 
 from . import resume_setup
 
@@ -41,6 +47,7 @@ def test_resume_mid_epoch_is_bitwise(tmp_path):
     report = torchrepro.verify_resume(resume_setup.build, resume_setup.step, steps=13, resume_at=5,
                                       workdir=tmp_path)
     assert report.identical, str(report)
+    assert (tmp_path / "checkpoint.pt").is_file()  # a workdir the caller names is kept, with the checkpoint
 
 
 @pytest.mark.skipif(not _amp_supported(), reason="this torch has no CPU GradScaler / bf16 autocast")
@@ -65,6 +72,38 @@ def test_verify_resume_argument_errors():
     with pytest.raises(TypeError, match="must be a module-level function"):
         torchrepro.verify_resume(lambda: {}, resume_setup.step, steps=4, resume_at=2)
 
+
+
+def _resume_dirs(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("torchrepro-resume-"))
+
+
+def test_verify_resume_removes_its_temporary_directory_also_on_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    keep = tmp_path / "torchrepro-resume-not-ours"  # someone else's directory of the same prefix stays
+    keep.mkdir()
+    report = torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_tiny, steps=2, resume_at=1)
+    assert report.identical, str(report)
+    assert _resume_dirs(tmp_path) == ["torchrepro-resume-not-ours"]
+    with pytest.raises(ResumeRunError, match=r"the straight run \(steps 1\.\.2\) failed with exit code 1:\n"
+                                             r"(.|\n)*RuntimeError: the training step broke"):
+        torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_fails, steps=2, resume_at=1)
+    assert _resume_dirs(tmp_path) == ["torchrepro-resume-not-ours"]
+
+
+def test_verify_resume_timeout_names_the_run_and_kills_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("TORCHREPRO_TEST_PID_FILE", str(pid_file))
+    with pytest.raises(ResumeRunError) as info:
+        torchrepro.verify_resume(resume_setup.build_tiny, resume_setup.step_hangs, steps=3, resume_at=1, timeout=30)
+    assert str(info.value) == ("verify_resume: the straight run (steps 1..3) did not finish within 30 s and was "
+                               "killed. Pass a larger timeout= if training is that slow, or look for a hang in "
+                               "build, step, save or load.")
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _resume_dirs(tmp_path) == []
 
 # --- checkpoint files --------------------------------------------------------------------------------
 def _small():
@@ -197,8 +236,78 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     model = nn.Linear(256, 256)
     assert torchrepro.load_checkpoint(path, model=model)["step"] == 1
     assert model.weight.abs().sum() > 0  # the old weights, not the zeroed ones
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
-    assert all(name.startswith(".ckpt.pt.") for name in leftovers)
+    leftovers = [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(f".ckpt.pt.torchrepro-{proc.pid}-")
+    unrelated = tmp_path / ".ckpt.pt.backup.tmp"
+    unrelated.write_bytes(b"keep")
+    old = time.time() - 120  # a dead writer's temp is removed once it is a minute old
+    for p in (leftovers[0], unrelated):
+        os.utime(p, (old, old))
+    torchrepro.save_checkpoint(path, model=model, step=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.pt.backup.tmp", "ckpt.pt"]
+
+
+class _FullDisk:
+    """The file torch.save writes into, on a disk that is full after ``room`` bytes."""
+
+    def __init__(self, f, room: int) -> None:
+        self.f, self.room = f, room
+
+    def write(self, b) -> int:
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def test_full_disk_during_save_says_so_and_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    model = nn.Linear(64, 64)
+    path = tmp_path / "ckpt.pt"
+    torchrepro.save_checkpoint(path, model=model, step=1)
+    old = path.read_bytes()
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: real_save(obj, _FullDisk(f, 4096)))
+    for target, kept in ((path, f"The previous checkpoint at {path} is intact."),
+                         (tmp_path / "new.pt", f"Nothing was written at {tmp_path / 'new.pt'}.")):
+        with pytest.raises(CheckpointError) as info:
+            torchrepro.save_checkpoint(target, model=model, step=2)
+        assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+        assert re.fullmatch(rf"{re.escape(str(target))}: could not be saved: no space left on device \(the write "
+                            rf"failed after \d+ bytes of the new checkpoint\)\. {re.escape(kept)} Free space on that "
+                            r"disk \(or raise the file-size limit or quota\), or save elsewhere, then save again\.",
+                            str(info.value)), str(info.value)
+        assert "enforce fail" not in str(info.value)
+    monkeypatch.undo()
+    assert path.read_bytes() == old and torchrepro.load_checkpoint(path, model=nn.Linear(64, 64))["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temp file left, no new.pt
+
+
+FILE_SIZE_LIMIT = r"""
+import resource, signal, sys, torch, torchrepro
+model = torch.nn.Linear(256, 256)
+torchrepro.save_checkpoint(sys.argv[1], model=model, step=1)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+try:
+    torchrepro.save_checkpoint(sys.argv[1], model=model, step=2)
+except torchrepro.errors.CheckpointError as exc:
+    print(exc)
+"""
+
+
+def test_file_size_limit_during_save_says_so(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    p = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMIT, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"{path}: could not be saved: file too large (a file-size limit such as `ulimit "
+                               "-f`, or the filesystem's maximum) (the write failed after 65536 bytes of the new "
+                               f"checkpoint). The previous checkpoint at {path} is intact."), p.stdout
+    assert torchrepro.load_checkpoint(path, model=nn.Linear(256, 256))["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
 # --- resumable loader ----------------------------------------------------------------------------------
@@ -289,3 +398,11 @@ def test_loader_leaves_the_callers_rng_streams_alone(num_workers):
     loader = torchrepro.ResumableLoader(Augmenting(), batch_size=2, seed=3, num_workers=num_workers)
     got = [_caller_draws() for _ in loader]
     assert got == expected  # random, NumPy and torch, each compared exactly
+
+
+def test_unwritable_checkpoint_directory_is_named(tmp_path):
+    model = nn.Linear(2, 2)
+    with pytest.raises(CheckpointError, match=r"could not be saved: Not a directory.* Nothing was written at .*"
+                                              r"Check that the directory exists and is writable"):
+        (tmp_path / "file").write_text("x")
+        torchrepro.save_checkpoint(tmp_path / "file" / "c.pt", model=model, step=1)

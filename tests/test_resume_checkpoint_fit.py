@@ -5,10 +5,14 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import torchrepro
@@ -246,3 +250,160 @@ def test_a_load_that_still_fails_puts_back_what_was_loaded(tmp_path):
 def test_directory_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file"):
         torchrepro.load_checkpoint(tmp_path, model=nn.Linear(1, 1))
+
+
+# --- optimizer state per parameter, metadata types, fuzzing the reader ------------------------------------------
+def _adam_over(model: nn.Module, order: list[int]) -> torch.optim.Adam:
+    params = list(model.parameters())
+    return torch.optim.Adam([params[i] for i in order], lr=1e-3)
+
+
+def _trained_adam(tmp_path, order: list[int]):
+    model = _net(0)
+    opt = _adam_over(model, order)
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    path = tmp_path / "adam.pt"
+    torchrepro.save_checkpoint(path, model=model, optimizer=opt, step=1)
+    return path
+
+
+def _model_and_optimizer_refused(path, model: nn.Module, opt) -> str:
+    before = _bits({"model": model.state_dict(), "optimizer": copy.deepcopy(opt.state_dict())})
+    with pytest.raises(CheckpointError) as info:
+        torchrepro.load_checkpoint(path, model=model, optimizer=opt)
+    assert _bits({"model": model.state_dict(), "optimizer": copy.deepcopy(opt.state_dict())}) == before
+    return str(info.value)
+
+
+def test_adam_state_over_parameters_in_another_order_is_refused(tmp_path):
+    path = _trained_adam(tmp_path, [0, 1, 2, 3])  # [w1, b1, w2, b2]
+    model = _net(1)
+    opt = _adam_over(model, [2, 0, 1, 3])  # [w2, w1, b1, b2]
+    text = _model_and_optimizer_refused(path, model, opt)
+    assert text.startswith(f"{path}: does not fit the objects passed; nothing was restored. 3 problem(s):")
+    for line in ("optimizer: group 0, parameter 0 is '2.weight' of shape [2, 8] but its saved state has "
+                 "exp_avg [8, 4], exp_avg_sq [8, 4]",
+                 "optimizer: group 0, parameter 1 is '0.weight' of shape [8, 4] but its saved state has "
+                 "exp_avg [8], exp_avg_sq [8]",
+                 "optimizer: group 0, parameter 2 is '0.bias' of shape [8] but its saved state has "
+                 "exp_avg [2, 8], exp_avg_sq [2, 8]"):
+        assert f"\n  - {line}" in text, text
+    opt.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()  # the refused load left an optimizer that still works
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("exp_avg", torch.zeros(1), "optimizer: group 0, parameter 0 is '0.weight' of shape [8, 4] but its saved "
+                                "state has exp_avg [1]"),
+    ("exp_avg", [1.0], "optimizer: group 0, parameter 0 ('0.weight'): saved state 'exp_avg' is a list, expected "
+                       "a tensor"),
+    ("step", torch.tensor([1.0, 2.0]), "optimizer: group 0, parameter 0 ('0.weight'): saved state 'step' has "
+                                       "shape [2], expected a single number"),
+    ("step", "1", "optimizer: group 0, parameter 0 ('0.weight'): saved state 'step' is a str, expected a number"),
+])
+def test_crafted_optimizer_state_is_refused(tmp_path, key, value, expected):
+    path = _trained_adam(tmp_path, [0, 1, 2, 3])
+    data = torch.load(path, weights_only=True)
+    data["optimizer"]["state"][0][key] = value
+    torch.save(data, path)
+    model = _net(1)
+    text = _model_and_optimizer_refused(path, model, _adam_over(model, [0, 1, 2, 3]))
+    assert f"\n  - {expected}\n" in text + "\n", text
+
+
+def test_crafted_group_settings_and_scheduler_state_are_refused(saved):
+    data = torch.load(saved, weights_only=True)
+    data["optimizer"]["param_groups"][1]["lr"] = "fast"
+    data["optimizer"]["param_groups"][0]["params"] = [[0], 1]
+    data["scheduler"]["base_lrs"] = 0.1
+    data["scheduler"]["last_epoch"] = "x"
+    torch.save(data, saved)
+    text = _refused(saved, _objects(seed=1))
+    for line in ("optimizer: group 1 setting 'lr' is a str in the checkpoint, a float in the optimizer",
+                 "optimizer: group 0 lists parameter ids [[0], 1], expected integers",
+                 "scheduler: 'base_lrs' is a float in the checkpoint, a list in the scheduler",
+                 "scheduler: 'last_epoch' is a str in the checkpoint, an int in the scheduler"):
+        assert f"\n  - {line}" in text, text
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("env", "cpu", "has a corrupt 'env' field: a str, expected a dict"),
+    ("step", "3", "has a corrupt 'step' field: a str, expected a non-negative integer"),
+    ("step", -1, "has a corrupt 'step' field: -1, expected a non-negative integer"),
+    ("classes", {"optimizer": 5}, "has a corrupt 'classes' field: the class of 'optimizer' is an int, expected "
+                                  "a 'module:QualName' string"),
+    ("classes", ["x"], "has a corrupt 'classes' field: a list, expected a dict"),
+    ("rng", 7, "has a corrupt RNG state"),
+])
+def test_metadata_of_the_wrong_type_is_a_clear_error(saved, field, value, expected):
+    data = torch.load(saved, weights_only=True)
+    data[field] = value
+    torch.save(data, saved)
+    objs = _objects(seed=1)
+    before = _snapshot(objs)
+    with pytest.raises(CheckpointError, match=re.escape(f"{saved}: {expected}")):
+        _load(saved, objs)
+    assert _snapshot(objs) == before
+
+
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8)
+    | st.builds(torch.zeros, st.integers(0, 3)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4) | st.integers(-2, 4), inner,
+                                                                 max_size=3),
+    max_leaves=6)
+_PLACES = [("format",), ("version",), ("step",), ("model",), ("model", "0.weight"), ("optimizer",),
+           ("optimizer", "state"), ("optimizer", "state", 0), ("optimizer", "state", 0, "momentum_buffer"),
+           ("optimizer", "param_groups"), ("optimizer", "param_groups", 0),
+           ("optimizer", "param_groups", 0, "params"), ("optimizer", "param_groups", 0, "lr"), ("scheduler",),
+           ("scheduler", "last_epoch"), ("scheduler", "base_lrs"), ("data",), ("data", "epoch"), ("data", "seed"),
+           ("classes",), ("classes", "optimizer"), ("rng",), ("env",), ("env", "torch")]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    objs = _objects(seed=0)
+    path = tmp_path_factory.mktemp("fuzz") / "ckpt.pt"
+    torchrepro.save_checkpoint(path, model=objs["model"], optimizer=objs["optimizer"],
+                               scheduler=objs["scheduler"], loader=objs["loader"], step=3)
+    return path
+
+
+def _load_only_our_errors(path, data_or_bytes) -> None:
+    if isinstance(data_or_bytes, bytes):
+        path.write_bytes(data_or_bytes)
+    else:
+        torch.save(data_or_bytes, path)
+    objs = _objects(seed=1)
+    before = _snapshot(objs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a fuzzed `env` warns, a fuzzed pickle header too
+            _load(path, objs)
+    except CheckpointError:
+        assert _snapshot(objs) == before, "a refused load changed something"
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)  # a load that passed restored the saved RNG
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(place=st.sampled_from(_PLACES), value=_VALUES)
+def test_fuzz_wrong_field_types_give_only_checkpoint_errors(pristine, tmp_path, place, value):
+    data = torch.load(pristine, weights_only=True)
+    holder = data
+    for key in place[:-1]:
+        holder = holder[key]
+    holder[place[-1]] = value
+    _load_only_our_errors(tmp_path / "fuzzed.pt", data)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_corrupt_and_truncated_bytes_give_only_checkpoint_errors(pristine, tmp_path, data):
+    raw = bytearray(pristine.read_bytes())
+    cut = data.draw(st.integers(0, len(raw)))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, len(raw) - 1), st.integers(0, 255)), max_size=8))
+    for at, byte in flips:
+        raw[at] = byte
+    _load_only_our_errors(tmp_path / "fuzzed.pt", bytes(raw[:cut] if data.draw(st.booleans()) else raw))

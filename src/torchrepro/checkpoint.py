@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import io
 import json
-import pickle
 import warnings
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._io import atomic_write
+from ._io import atomic_write, disk_error, disk_problem
 from .data import ResumableLoader
 from .errors import CheckpointError, MissingGeneratorError, ReproWarning, StateFileError
 from .rng import RNGState, parse_state
@@ -107,8 +105,30 @@ def save_checkpoint(
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
-    atomic_write(path, lambda f: torch.save(payload, f))
+    existed = path.is_file()
+    try:
+        atomic_write(path, lambda f: torch.save(payload, f), clean_stale=True)
+    except OSError as exc:
+        raise _write_error(path, exc, existed) from exc
     return path
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint that could not be written (no space, a size limit, a quota...); the old file is intact.
+
+    Also an :class:`OSError` with the ``errno`` of the failed write.
+    """
+
+
+def _write_error(path: Path, exc: OSError, existed: bool) -> CheckpointWriteError:
+    written = getattr(exc, "bytes_written", None)
+    after = f" (the write failed after {written} bytes of the new checkpoint)" if written is not None else ""
+    kept = f"The previous checkpoint at {path} is intact." if existed else f"Nothing was written at {path}."
+    action = ("Free space on that disk (or raise the file-size limit or quota), or save elsewhere, then save "
+              "again." if disk_error(exc) else "Check that the directory exists and is writable, then save again.")
+    err = CheckpointWriteError(path, f"could not be saved: {disk_problem(exc)}{after}. {kept}", action)
+    err.errno = exc.errno
+    return err
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -121,7 +141,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(path, "does not exist.", "Check the path, or save one with save_checkpoint().")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError, OSError) as exc:
+    except Exception as exc:  # a corrupt archive fails anywhere in torch.load (KeyError, AttributeError...)
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         unsafe = [ln for ln in lines if "Unsupported global" in ln]
         first = (unsafe or lines or [type(exc).__name__])[0]
@@ -129,15 +149,56 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
                               f"to load ({first[:200]}).",
                               "Use an earlier checkpoint; a checkpoint interrupted mid-write never replaces "
                               "the previous one.") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(fmt, str) or fmt != FORMAT:
+        got = _short(fmt) if isinstance(data, dict) else type(data).__name__
         keys = f" (keys: {sorted(map(str, data))[:6]})" if isinstance(data, dict) else ""
-        raise CheckpointError(path, f"is not a torchrepro checkpoint: format {got!r}{keys}, expected {FORMAT!r}.",
+        raise CheckpointError(path, f"is not a torchrepro checkpoint: format {got}{keys}, expected {FORMAT!r}.",
                               "Save it with torchrepro.save_checkpoint() to get RNG and data state too.")
-    if data.get("version") != VERSION:
-        raise CheckpointError(path, f"has checkpoint format version {data.get('version')!r}; this torchrepro "
+    version = data.get("version")
+    if type(version) is not int or version != VERSION:
+        raise CheckpointError(path, f"has checkpoint format version {_short(version)}; this torchrepro "
                               f"reads version {VERSION}.", "Upgrade torchrepro or re-create the checkpoint.")
+    problem = _metadata_problem(data)
+    if problem:
+        raise CheckpointError(path, f"has a corrupt {problem}; nothing was restored.",
+                              "Use an earlier checkpoint, or re-create it with save_checkpoint().")
     return data
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, bounded: a huge integer or a long text must not flood (or break) a message."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (str, int, float, type(None))):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return _a(type(value).__name__)
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _metadata_problem(data: dict[str, Any]) -> str | None:
+    """The first of ``step``, ``env`` and ``classes`` whose type is wrong, as "'field' field: ..."; or None."""
+    step = data.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        got = _short(step) if isinstance(step, int) and not isinstance(step, bool) else _a(type(step).__name__)
+        return f"'step' field: {got}, expected a non-negative integer"
+    for name in ("env", "classes"):
+        value = data.get(name)
+        if value is not None and not isinstance(value, Mapping):
+            return f"{name!r} field: {_a(type(value).__name__)}, expected a dict"
+    for component, cls in (data.get("classes") or {}).items():
+        if not isinstance(cls, str):
+            return (f"'classes' field: the class of {_short(component)} is {_a(type(cls).__name__)}, expected a "
+                    "'module:QualName' string")
+    return None
+
+
+def _shown(value: Any) -> str:
+    return value[:80] if isinstance(value, str) else _short(value)
 
 
 def _class_name(obj: Any) -> str:
@@ -176,8 +237,15 @@ def _model_problems(saved: Any, model: torch.nn.Module) -> list[str]:
 _BOOKKEEPING = {"params", "param_names", "initial_lr"}  # param-group keys that are not the optimizer's settings
 
 
-def _optimizer_problems(saved: Any, saved_class: str | None, optimizer: Any) -> list[str]:
-    """Class, parameter groups and state keys by which the saved optimizer state differs from ``optimizer``."""
+# per-parameter optimizer state that has the parameter's shape (torch.optim's names; most others reuse them)
+_PARAM_SHAPED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "exp_inf", "sum", "square_avg",
+                 "acc_delta", "grad_avg", "prev", "step_size", "ax"}
+_SCALAR_STATE = {"step", "eta", "mu", "mu_product"}  # per-parameter state that is one number
+
+
+def _optimizer_problems(saved: Any, saved_class: str | None, optimizer: Any, model: torch.nn.Module,
+                        saved_model: Any) -> list[str]:
+    """Class, parameter groups, settings and per-parameter state by which ``saved`` does not fit ``optimizer``."""
     if saved_class and saved_class.split(":")[-1] != type(optimizer).__qualname__:
         return [f"optimizer: the checkpoint holds the state of a {saved_class.replace(':', '.')} but a "
                 f"{_class_name(optimizer).replace(':', '.')} was passed (loading it would change its settings)"]
@@ -186,42 +254,146 @@ def _optimizer_problems(saved: Any, saved_class: str | None, optimizer: Any) -> 
             not all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in groups):
         return ["optimizer: the saved state is not an optimizer state_dict (state and param_groups)"]
     mine = optimizer.state_dict()["param_groups"]
-    problems = []
-    if len(groups) != len(mine):
-        problems.append(f"optimizer: {len(groups)} parameter group(s) in the checkpoint, {len(mine)} in the "
-                        "optimizer")
-    else:
-        saved_sizes, my_sizes = [len(g["params"]) for g in groups], [len(g["params"]) for g in mine]
-        if saved_sizes != my_sizes:
-            problems.append(f"optimizer: parameters per group are {saved_sizes} in the checkpoint, {my_sizes} in "
-                            "the optimizer")
+    problems = _group_problems(groups, mine)
     if not saved_class:  # a checkpoint from before classes were saved: foreign settings betray another class
         known = set().union(*(g.keys() for g in mine)) | _BOOKKEEPING
-        foreign = sorted({k for g in groups for k in g if k not in known})
+        foreign = sorted({str(k) for g in groups for k in g if k not in known})
         if foreign:
             problems.append(f"optimizer: the checkpoint's parameter groups have settings {foreign} that a "
                             f"{type(optimizer).__name__} does not have; it was saved from another optimizer class")
+    bad_ids = [i for i, g in enumerate(groups) if not all(type(p) is int for p in g["params"])]
+    problems += [f"optimizer: group {i} lists parameter ids {_listing(groups[i]['params'])}, expected integers"
+                 for i in bad_ids]
+    if bad_ids:
+        return problems
     ids = {p for g in groups for p in g["params"]}
     strays = sorted((k for k in saved["state"] if k not in ids), key=str)
     if strays:
-        problems.append(f"optimizer: the checkpoint has state for parameter ids {strays} that are in no group")
+        problems.append(f"optimizer: the checkpoint has state for parameter ids {_listing(strays)} that are in no "
+                        "group")
+    if not problems:  # groups line up: each saved id has the parameter it would load into
+        problems += _param_state_problems(groups, saved["state"], optimizer, model, saved_model)
     return problems
 
 
-def _component_problems(name: str, saved: Any, saved_class: str | None, obj: Any) -> list[str]:
+def _listing(values: list[Any]) -> str:
+    text = repr(values) if all(isinstance(v, (int, list)) for v in values) else f"{len(values)} value(s)"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _group_problems(groups: list[Any], mine: list[dict[str, Any]]) -> list[str]:
+    """Group count, parameters per group, and settings of another kind (``lr`` a string...)."""
+    if len(groups) != len(mine):
+        return [f"optimizer: {len(groups)} parameter group(s) in the checkpoint, {len(mine)} in the optimizer"]
+    problems = []
+    saved_sizes, my_sizes = [len(g["params"]) for g in groups], [len(g["params"]) for g in mine]
+    if saved_sizes != my_sizes:
+        problems.append(f"optimizer: parameters per group are {saved_sizes} in the checkpoint, {my_sizes} in "
+                        "the optimizer")
+    for i, (group, my_group) in enumerate(zip(groups, mine)):
+        problems += [f"optimizer: group {i} setting {p}" for p in _kind_problems(group, my_group, "optimizer")
+                     if not p.startswith(tuple(map(repr, _BOOKKEEPING)))]
+    return problems
+
+
+def _param_state_problems(groups: list[Any], state: Mapping[Any, Any], optimizer: Any, model: torch.nn.Module,
+                          saved_model: Any) -> list[str]:
+    """Per-parameter state whose shape or type does not fit the parameter it would be loaded into.
+
+    State that has the shape of the checkpoint's own tensor for that parameter, when the model's shape differs,
+    is not listed: the model's mismatch already is.
+    """
+    names = {id(p): name for name, p in model.named_parameters()}
+    saved_model = saved_model if isinstance(saved_model, Mapping) else {}
+    problems = []
+    for gi, (group, my_group) in enumerate(zip(groups, optimizer.param_groups)):
+        for j, (pid, param) in enumerate(zip(group["params"], my_group["params"])):
+            entry = state.get(pid)
+            if entry is None:
+                continue
+            label = f"group {gi}, parameter {j}"
+            named = f"{label} ({names[id(param)]!r})" if id(param) in names else label
+            if not isinstance(entry, Mapping):
+                problems.append(f"optimizer: {named}: saved state is {_a(type(entry).__name__)}, expected a dict")
+                continue
+            wrong, shapes = _entry_problems(entry, param)
+            problems += [f"optimizer: {named}: {w}" for w in wrong]
+            own = saved_model.get(names.get(id(param)))
+            if isinstance(own, torch.Tensor) and own.shape != param.shape and \
+                    all(sh.endswith(f" {list(own.shape)}") for sh in shapes):
+                continue
+            if shapes:
+                who = f"{label} is {names[id(param)]!r}" if id(param) in names else label
+                problems.append(f"optimizer: {who} of shape {list(param.shape)} but its saved state has "
+                                f"{', '.join(shapes)}")
+    return problems
+
+
+def _entry_problems(entry: Mapping[Any, Any], param: torch.Tensor) -> tuple[list[str], list[str]]:
+    """(type problems, "key [shape]" of param-shaped state whose shape is not the parameter's)."""
+    wrong, shapes = [], []
+    for key, value in entry.items():
+        if key in _SCALAR_STATE:
+            if isinstance(value, torch.Tensor) and value.numel() != 1:
+                wrong.append(f"saved state {key!r} has shape {list(value.shape)}, expected a single number")
+            elif not isinstance(value, (int, float, torch.Tensor)):
+                wrong.append(f"saved state {key!r} is {_a(type(value).__name__)}, expected a number")
+        elif key in _PARAM_SHAPED and value is not None:
+            if not isinstance(value, torch.Tensor):
+                wrong.append(f"saved state {key!r} is {_a(type(value).__name__)}, expected a tensor")
+            elif value.shape != param.shape:
+                shapes.append(f"{key} {list(value.shape)}")
+    return wrong, shapes
+
+
+def _kind(value: Any) -> str | None:
+    """A value's kind for comparing settings: numbers (bool, int, float, one-element tensor) are alike."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return "number"
+    if isinstance(value, (list, tuple)):
+        return "sequence"
+    return "dict" if isinstance(value, Mapping) else type(value).__name__
+
+
+def _kind_problems(saved: Mapping[Any, Any], mine: Mapping[str, Any], where: str) -> list[str]:
+    """Keys both have whose values are of another kind in the checkpoint (a string where a number belongs)."""
+    problems = []
+    for key, value in mine.items():
+        if key not in saved or value is None or (saved[key] is None and isinstance(value, bool)):
+            continue
+        theirs = saved[key]
+        if _kind(theirs) != _kind(value):
+            problems.append(f"{key!r} is {_a(type(theirs).__name__)} in the checkpoint, {_a(type(value).__name__)} "
+                            f"in the {where}")
+    return problems
+
+
+def _component_problems(name: str, saved: Any, saved_class: str | None, obj: Any,
+                        model: torch.nn.Module, saved_model: Any) -> list[str]:
     if name == "optimizer":
-        return _optimizer_problems(saved, saved_class, obj)
+        return _optimizer_problems(saved, saved_class, obj, model, saved_model)
     if saved_class and saved_class.split(":")[-1] != type(obj).__qualname__:
         return [f"{name}: the checkpoint holds the state of a {saved_class.replace(':', '.')} but a "
                 f"{_class_name(obj).replace(':', '.')} was passed"]
     if name == "data" and isinstance(obj, ResumableLoader):
-        return [f"data: {p}" for p in obj.state_dict_problems(saved)]
+        return _loader_problems(saved, obj)
+    if not isinstance(saved, Mapping):
+        return [f"{name}: the saved state is {_a(type(saved).__name__)}, expected a state_dict"]
+    mine = obj.state_dict()
     if name == "scaler":
-        mine = obj.state_dict()
-        missing = [k for k in mine if not isinstance(saved, Mapping) or k not in saved]
+        missing = [k for k in mine if k not in saved]
         if missing:
             return [f"scaler: the saved state lacks {missing} (was it saved from a disabled GradScaler?)"]
-    return []
+    return [f"{name}: {p}" for p in _kind_problems(saved, mine, name)]
+
+
+def _loader_problems(saved: Any, loader: ResumableLoader) -> list[str]:
+    try:
+        return [f"data: {p}" for p in loader.state_dict_problems(saved)]
+    except (TypeError, ValueError, RuntimeError) as exc:  # e.g. a tensor where a number belongs
+        return [f"data: the saved loader state is malformed ({type(exc).__name__}: {str(exc)[:120]})"]
 
 
 def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState,
@@ -231,7 +403,8 @@ def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState,
     problems = _model_problems(data["model"], given["model"])
     for name in ("optimizer", "scheduler", "scaler", "data"):
         if given[name] is not None:
-            problems += _component_problems(name, data[name], classes.get(name), given[name])
+            problems += _component_problems(name, data[name], classes.get(name), given[name], given["model"],
+                                            data["model"])
     try:
         rng.check(generators, source=str(path))
     except (StateFileError, MissingGeneratorError) as exc:
@@ -292,7 +465,7 @@ def load_checkpoint(
                               "Save checkpoints with torchrepro.save_checkpoint().")
     try:
         rng = parse_state(json.loads(data["rng"]))
-    except (TypeError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+    except (TypeError, ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
         raise CheckpointError(path, f"has a corrupt RNG state ({exc}); nothing was restored.",
                               "Use an earlier checkpoint.") from None
     problems = _fit_problems(data, given, rng, generators, path)
@@ -303,7 +476,8 @@ def load_checkpoint(
                               "exactly as in the run that saved it, or do not pass the ones that differ.")
     env = data.get("env") or {}
     here = {"torch": str(torch.__version__), "device_kind": _device_kind()}
-    changed = [f"{k} {env.get(k)} -> {v}" for k, v in here.items() if env.get(k) != v]
+    changed = [f"{k} {_shown(env.get(k))} -> {v}" for k, v in here.items()
+               if not isinstance(env.get(k), str) or env.get(k) != v]
     if changed:
         warnings.warn(f"{path}: saved with a different environment ({'; '.join(changed)}); training resumes, "
                       "but bitwise equality with the original run is not expected.", ReproWarning, stacklevel=2)

@@ -21,6 +21,7 @@ import torch
 from .errors import RunsNotComparableError
 from .fingerprint import LEGACY_ALGORITHM, UNREADABLE
 from .store import Run
+from .workdir import shared_text
 
 SCHEMA = "torchrepro.check/1"
 
@@ -62,7 +63,15 @@ CAUSES: dict[str, tuple[str, str]] = {
         "something unseeded or on timing (early stopping on wall-clock, data-dependent loops).",
         "Look for branches or loop bounds that depend on time, unseeded randomness or the environment.",
     ),
+    "shared-working-directory": (
+        "The runs shared the working directory and a later run read what an earlier one wrote there: {files}. The "
+        "runs did not start from the same state, so this comparison does not show whether the script is "
+        "reproducible.",
+        "Delete those files before each run, point the script's output elsewhere, or rerun with "
+        "`torchrepro check --fresh-cwd -- ...` (each run in its own copy of the working directory).",
+    ),
 }
+SHARED_CWD = "shared-working-directory"
 
 
 @dataclass
@@ -107,10 +116,11 @@ class CheckResult:
     params_identical: bool | None = None  # no parameter differs at any step nor at the end
     value_delta_text: str | None = None  # "parameters identical so far; gradients differ by up to ..."
     compiled: dict[str, Any] | None = None  # torch.compile'd regions and whether the divergence lies in them
+    working_directory: dict[str, Any] | None = None  # check's watch on its cwd (see note_shared_workdir)
 
     @property
     def explanation(self) -> str | None:
-        return CAUSES[self.cause][0] if self.cause else None
+        return explain(self.cause, self.working_directory) if self.cause else None
 
     @property
     def action(self) -> str | None:
@@ -142,7 +152,34 @@ class CheckResult:
             "parameters_identical": self.params_identical,
             "value_delta_text": self.value_delta_text,
             "compiled": self.compiled,
+            "working_directory": self.working_directory,
         }
+
+
+def explain(cause: str, working_directory: dict[str, Any] | None = None) -> str:
+    """The cause's explanation; for a shared working directory, with the files named."""
+    shared = (working_directory or {}).get("read_from_earlier_run") or []
+    return CAUSES[cause][0].format(files=shared_text(shared))
+
+
+def shared_workdir_warning(shared: list[dict[str, Any]]) -> str | None:
+    """What to tell when later runs read files an earlier run wrote in the shared working directory (or None)."""
+    return f"{explain(SHARED_CWD, {'read_from_earlier_run': shared})} {CAUSES[SHARED_CWD][1]}" if shared else None
+
+
+def note_shared_workdir(result: CheckResult, watch: dict[str, Any]) -> None:
+    """Attach ``check``'s watch on its working directory to ``result``. When a later run read what an earlier
+    one wrote there, the comparison is void: a divergence is blamed on that (the cause found otherwise is kept
+    as ``cause_otherwise``), and an identical verdict gets the warning."""
+    shared = watch.get("read_from_earlier_run") or []
+    result.working_directory = watch | {"warning": shared_workdir_warning(shared)}
+    if shared and result.verdict == "diverged":
+        result.working_directory["cause_otherwise"] = result.cause
+        result.cause = SHARED_CWD
+    if watch.get("watch_truncated"):
+        result.notes.append(f"The working directory holds more than {watch.get('watched_entries_limit')} files and "
+                            "folders: only the first ones were watched for files one run writes and a later run "
+                            "reads (run check from the project's own directory, or use --fresh-cwd).")
 
 
 # --- can the runs be compared at all? ------------------------------------------------------------------

@@ -228,6 +228,8 @@ class LaunchOptions:
     torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
     nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
     rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
+    cwd: str | None = None  # the script's working directory (None: this process's); see check --fresh-cwd
+    watch_since_ns: int | None = None  # audit reads under the cwd of files changed since then (workdir.ReadAudit)
 
 
 @dataclass
@@ -348,7 +350,7 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
     with _SignalForwarder() as fwd:
         try:
             cmd = torchrun_command(target, opts.nproc_per_node) if opts.nproc_per_node else target.child_command()
-            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr)
+            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd)
         except OSError as exc:
             raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
         fwd.proc = proc
@@ -409,7 +411,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
         summary.setdefault("fingerprint_algorithm", None)  # null: the child died before naming it
         manifest = {
             "command": list(command),
-            "cwd": os.getcwd(),
+            "cwd": opts.cwd or os.getcwd(),
             "exit_code": rc,
             "signal": signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None,
             "status": status,
@@ -482,7 +484,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         status = "interrupted"
     first_rank = ranks.get("rank0", {})
     manifest = write_manifest(record, {
-        "command": list(command), "cwd": os.getcwd(), "exit_code": rc, "status": status,
+        "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
         "ended_early": ended_early(ranks, ends, failed),
@@ -649,6 +651,7 @@ def _child_main(argv: list[str]) -> int:
     from . import determinism, seeding
     from .envinfo import ScriptProbe
     from .record import MaxStepsReached, Recorder
+    from .workdir import ReadAudit
 
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
@@ -664,7 +667,8 @@ def _child_main(argv: list[str]) -> int:
                             value_schedule=opts.value_schedule,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
-    end = _ChildEnd(recorder, probe, opts.record)
+    audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
+    end = _ChildEnd(recorder, probe, audit, opts.record)
     if recorder is not None:
         _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
@@ -704,16 +708,18 @@ class _ChildEnd:
     in the launched process only: when the script ends, or from ``os._exit`` (which skips ``finally``)."""
 
     recorder: Any
-    probe: Any
+    probe: Any  # envinfo.ScriptProbe or None
+    audit: Any  # workdir.ReadAudit or None
     record: str | None
     pid: int = field(default_factory=os.getpid)
     written: bool = False
 
     def __call__(self, code: int, stopped: bool) -> None:
-        if self.recorder is None or self.written or os.getpid() != self.pid:
-            return
+        if self.recorder is None or self.recorder.forked or self.written or os.getpid() != self.pid:
+            return  # a forked child that returned or called os._exit: the parent records
         self.written = True
         from .envinfo import environment_summary
+        from .workdir import READS_KEY
 
         summary = self.recorder.finish()
         summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
@@ -721,6 +727,8 @@ class _ChildEnd:
         if self.probe is not None:
             summary["audit_probe"] = self.probe.facts()
         summary["peak_memory"] = peak_memory()
+        if self.audit is not None:
+            summary[READS_KEY] = self.audit.facts()
         summary["torch"] = sys.modules["torch"].__version__
         summary["child_exit_code"], summary["child_ended"] = code, time.time()
         atomic_write_json(Path(str(self.record)) / "child.json", summary)

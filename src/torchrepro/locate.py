@@ -71,6 +71,19 @@ _KNOWN: dict[str, dict[str, str]] = {
     "aten.bmm": {"cpu": _OK, "cuda": "deterministic with CUBLAS_WORKSPACE_CONFIG set before CUDA starts"},
 }
 
+# The fix for a random draw that differs, by the generator it drew from (the op record's ``generator``; None
+# in traces from before torchrepro recorded it).
+_DRAW_FIXES: dict[str | None, str] = {
+    "global": ("come from torch's global generator, which is not seeded with a fixed seed before this draw: call "
+               "torchrepro.seed_everything(SEED) (or torch.manual_seed(SEED)) at the top of the script, before "
+               "anything draws, or rerun with `torchrepro check --seed 0 -- ...` to confirm."),
+    "private": ("come from a torch.Generator passed as generator= whose seed differs between runs (its .seed(), or "
+                "a seed taken from the clock or the OS): seed it with a fixed value, generator.manual_seed(SEED)."),
+    None: ("differ between runs: seed the generator it uses with a fixed value (torchrepro.seed_everything(SEED) "
+           "for torch's global generator; generator.manual_seed(SEED) for a torch.Generator passed as "
+           "generator=)."),
+}
+
 VERDICTS = {
     "origin": "nondeterministic operation",
     "rng": "random-number state differs",
@@ -138,9 +151,8 @@ class LocateResult:
                     f"torchrepro.deterministic() before training; {op}{where} then uses a deterministic kernel "
                     "(or raises if it has none)." + instead)
         if self.verdict == "rng":
-            return (f"The random numbers drawn by {op}{where} differ between runs: seed the generator it uses "
-                    "(torch.Generator().manual_seed(SEED) instead of .seed()), or draw from the global RNG "
-                    "seeded by torchrepro.seed_everything().")
+            generator = self.op_a.get("generator") if self.op_a else None
+            return f"The random numbers drawn by {op}{where} " + _DRAW_FIXES.get(generator, _DRAW_FIXES[None])
         if self.verdict == "control-flow":
             return ("The two runs executed different operations: find what the branch or loop bound at these "
                     "lines depends on (an unseeded draw, time, the environment) and make it deterministic.")
@@ -148,6 +160,12 @@ class LocateResult:
             return (f"A tensor entering {op}{where} differs but was not produced by a traced torch operation: it "
                     "comes from NumPy/Python randomness, data loading in worker processes, or I/O. Seed those "
                     "sources (torchrepro.seed_everything, seed_worker, seeded numpy Generators).")
+        if self.verdict == "not-reproduced" and not any(self.ops_traced):
+            return ("No operation was traced in either re-run: the training ran where the tracer cannot see it. It "
+                    "traces the thread where the traced step begins and the threads started while it traces; a "
+                    "thread already running before then, or another process (multiprocessing, a subprocess), is not "
+                    "traced. Start the training thread after the script begins (or train in the main thread), or "
+                    "trace from inside the process that trains with torchrepro.trace_ops().")
         if self.verdict == "not-reproduced":
             return (f"Traced: the eager ATen ops of step(s) {', '.join(map(str, self.traced_steps)) or '-'} in two "
                     "re-runs; code compiled with torch.compile runs as generated kernels that this tracer does not "

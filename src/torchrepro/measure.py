@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import inspect
 import math
 import types
@@ -37,6 +38,7 @@ from ._modules import discover_models
 from ._table import render_table
 from .compare import tensor_delta
 from .determinism import deterministic
+from .errors import ReproError
 from .fingerprint import fingerprint_many
 from .rng import RNGState
 
@@ -703,26 +705,124 @@ def measure_nondeterminism(
 
 
 # --- assert_deterministic -----------------------------------------------------------------------------------
-def _leaves(obj: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """(path, leaf) pairs of a returned structure; tensors are copied (a later call may write into them)."""
+_NO_STATE = "it holds no tensors, numbers or fields to compare, and == on it compares identity"
+
+
+class UncomparableResultError(ReproError, TypeError):
+    """A returned object that holds nothing to compare between calls (``==`` on it would compare identity)."""
+
+    def __init__(self, path: str, obj: Any, why: str = _NO_STATE) -> None:
+        self.path, self.why = path, why
+        self.kind = f"{type(obj).__qualname__} ({type(obj).__module__}.{type(obj).__qualname__})"
+        super().__init__()
+        self.named("the function")
+
+    def named(self, what: str) -> UncomparableResultError:
+        """The same error, its message naming ``what`` returned the object."""
+        self.args = (f"{what} cannot be checked: {self.path} is of type {self.kind}, which cannot be compared between "
+                     f"calls ({self.why}). Return what must come out the same instead: tensors, numbers or strings, "
+                     "a module or optimizer (compared by its state_dict()), or lists, dicts, dataclasses or objects "
+                     "of them.",)
+        return self
+
+
+# Compared with == as they are: values whose equality is their content (torch.dtype and enums are singletons).
+_VALUES = (type(None), bool, int, float, complex, str, bytes, range, torch.dtype, torch.device, torch.layout,
+           torch.memory_format, enum.Enum, frozenset, set, type(Ellipsis))
+# Objects with no state to compare (functions, classes, modules, generators: == is identity).
+_OPAQUE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type,
+           types.GeneratorType, types.CoroutineType, torch.Generator)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """An object met again inside itself (a cycle): compared by where it was first met."""
+
+    path: str
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    slots = cls.__dict__.get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
+def _fields(obj: Any) -> list[tuple[str, Any]]:
+    """An object's attributes: its ``__dict__`` and the ``__slots__`` that are set."""
+    found = list(vars(obj).items()) if hasattr(obj, "__dict__") else []
+    names = [n for cls in type(obj).__mro__ for n in _slots(cls) if n not in ("__dict__", "__weakref__")]
+    return found + [(n, getattr(obj, n)) for n in names if hasattr(obj, n)]
+
+
+def _module_state(module: nn.Module) -> Iterator[tuple[str, Any]]:
+    """A module's state_dict, then the buffers it leaves out (non-persistent ones)."""
+    state = module.state_dict()
+    yield from state.items()
+    for name, buf in module.named_buffers():
+        if name not in state:
+            yield name, buf
+
+
+def _value_leaf(obj: Any, path: str) -> tuple[str, Any]:
+    """An object compared by its own ``==``: a copy, since a later call may change it."""
+    try:
+        return path, copy.deepcopy(obj)
+    except Exception:  # not copyable: compared as it is
+        return path, obj
+
+
+def _leaves(obj: Any, path: str, seen: dict[int, str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(path, leaf) pairs of a returned structure, compared by state; tensors are copied (a later call may write
+    into them). Modules and optimizers give their state_dict, objects their fields; UncomparableResultError for an
+    object with nothing to compare."""
+    seen = {} if seen is None else seen
     if isinstance(obj, torch.Tensor):
         yield path, _dense(obj)
+        return
+    if isinstance(obj, _VALUES):
+        yield path, obj
+        return
+    if isinstance(obj, _OPAQUE):
+        raise UncomparableResultError(path, obj)
+    if id(obj) in seen:
+        yield path, _Ref(seen[id(obj)])
+        return
+    seen[id(obj)] = path
+    try:
+        yield from _children(obj, path, seen)
+    finally:
+        del seen[id(obj)]
+
+
+def _children(obj: Any, path: str, seen: dict[int, str]) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, nn.Module):
+        for name, value in _module_state(obj):
+            yield from _leaves(value, f"{path}.{name}", seen)
+    elif callable(getattr(type(obj), "state_dict", None)):  # optimizers, LR schedulers, GradScaler
+        yield from _leaves(obj.state_dict(), path, seen)
     elif isinstance(obj, Mapping):
         for key, value in obj.items():
-            yield from _leaves(value, f"{path}[{key!r}]")
+            yield from _leaves(value, f"{path}[{key!r}]", seen)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        for name, value in zip(obj._fields, obj):
+            yield from _leaves(value, f"{path}.{name}", seen)
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
-            yield from _leaves(value, f"{path}[{i}]")
+            yield from _leaves(value, f"{path}[{i}]", seen)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
-            yield from _leaves(getattr(obj, f.name), f"{path}.{f.name}")
+            yield from _leaves(getattr(obj, f.name), f"{path}.{f.name}", seen)
     elif type(obj).__module__ == "numpy" and hasattr(obj, "dtype") and hasattr(obj, "shape"):
         try:
             yield path, torch.from_numpy(obj.copy()) if obj.shape else torch.tensor(obj.item())
         except (TypeError, RuntimeError):
             yield path, copy.deepcopy(obj)
+    elif type(obj).__eq__ is not object.__eq__:  # a value type (Path, Decimal, datetime, ...): its own ==
+        yield _value_leaf(obj, path)
+    elif fields := _fields(obj):
+        for name, value in fields:
+            yield from _leaves(value, f"{path}.{name}", seen)
     else:
-        yield path, obj
+        raise UncomparableResultError(path, obj)
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -763,19 +863,24 @@ def _tensor_mismatch(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float)
     return text
 
 
-def _leaf_mismatch(a: Any, b: Any, atol: float, rtol: float) -> str | None:
+def _close(a: float, b: float, atol: float, rtol: float) -> bool:
+    """``|a - b| <= atol + rtol * |b|`` for finite numbers, as torch.isclose compares tensors (Inf only equals Inf)."""
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= atol + rtol * abs(b)
+
+
+def _leaf_mismatch(a: Any, b: Any, atol: float, rtol: float, path: str = "output") -> str | None:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"is a {type(a).__name__} in one call and a {type(b).__name__} in the other"
         return _tensor_mismatch(a, b, atol, rtol)
     if isinstance(a, float) and isinstance(b, float):
         same = a.hex() == b.hex() or (math.isnan(a) and math.isnan(b)) or (
-            (atol or rtol) and math.isclose(a, b, rel_tol=rtol, abs_tol=atol))
+            bool(atol or rtol) and _close(a, b, atol, rtol))
         return None if same else f"is {a!r} in one call and {b!r} in the other (|Δ| {abs(a - b):.6g})"
     try:
         same = bool(a == b) and type(a) is type(b)
-    except Exception:  # objects whose == fails or is ambiguous
-        same = a is b
+    except Exception as exc:  # objects whose == fails or is ambiguous: no verdict rather than a wrong one
+        raise UncomparableResultError(path, a, f"== on it raised {type(exc).__name__}: {exc}") from None
     return None if same else f"is {a!r} in one call and {b!r} in the other"
 
 
@@ -798,7 +903,7 @@ def _first_mismatch(call: Callable[[], Any], state: RNGState, runs: int, atol: f
             return (f"the structure of its result differs between call 1 and call {i}: {paths[:8]} vs "
                     f"{[p for p, _ in result][:8]}", None)
         for (path, a), (_, b) in zip(results[0], result):
-            text = _leaf_mismatch(a, b, atol, rtol)
+            text = _leaf_mismatch(a, b, atol, rtol, path)
             if text is not None:
                 return f"{path} differs between call 1 and call {i}: {text}", _dtype_name(a) if isinstance(
                     a, torch.Tensor) else None
@@ -834,7 +939,10 @@ def find_nondeterminism(call: Callable[[], Any], *, runs: int = 3, atol: float =
     after the ``runs`` calls.
     """
     state = RNGState.capture()
-    found = _first_mismatch(call, state, runs, atol, rtol)
+    try:
+        found = _first_mismatch(call, state, runs, atol, rtol)
+    except UncomparableResultError as exc:
+        raise exc.named(what) from None
     if found is None:
         return None
     problem, dtype = found
@@ -869,7 +977,10 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 3, atol
     result equals the first -- bitwise by default, or within ``atol + rtol * |b|`` (:data:`TOLERANCES` has
     presets for fp16/bf16 autocast).
 
-    Results may be tensors, numbers, strings, or lists, tuples, dicts and dataclasses of them. The message names
+    Results may be tensors, numbers, strings, or lists, tuples, dicts and dataclasses of them; modules and
+    optimizers are compared by their ``state_dict()`` (modules also by their non-persistent buffers), other objects
+    by their attributes. An object with nothing to compare (``object()``, a function, a ``torch.Generator``) raises
+    :class:`UncomparableResultError` (a ``TypeError``) saying what to return instead. The message names
     the output that differs, how many elements, the greatest absolute and ULP difference and where, and what to
     try. The RNG is left as after one call.
 

@@ -27,6 +27,9 @@ def _as_float(name: str, value: Any) -> float:
                             "pass one number (e.g. tensor.mean().item()).")
         if value.is_complex():
             raise TypeError(f"log_metric({name!r}, ...): the value is a complex tensor; pass a real number.")
+        if value.dtype == torch.bool:  # as for a Python bool: a truth value is not a measurement
+            raise TypeError(f"log_metric({name!r}, ...): the value is a bool tensor; pass a number (e.g. "
+                            "tensor.float().mean().item() for a fraction).")
         return float(value.detach().reshape(()).item())
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"log_metric({name!r}, ...): the value must be a real number or a one-element tensor, "
@@ -37,7 +40,8 @@ def _as_float(name: str, value: Any) -> float:
 def log_metric(name: str, value: float | torch.Tensor) -> float:
     """Report ``value`` (a number or one-element tensor) as metric ``name``; return it as a float.
 
-    NaN and ±Inf are kept as they are (``torchrepro variance`` then says which run produced them).
+    NaN and ±Inf are kept as they are (``torchrepro variance`` then says which run produced them). A bool (or bool
+    tensor) raises ``TypeError``: log the number it stands for (``float(correct)``, a fraction).
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"log_metric: the name must be a non-empty string, got {name!r}.")

@@ -17,13 +17,14 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import stat
 import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import torch
 from torch import nn
@@ -84,14 +85,50 @@ def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, 
     return _site_of(site) if type(site) is FrameType else site  # type: ignore[arg-type]
 
 
+_MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
+_MAX_CODE_CHARS = 200  # the stored text of a source line
+_MAX_RECORD_BYTES = 64 << 20  # one line of ops.jsonl (an op with tens of thousands of tensors stays far below)
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+class _NotRegularFileError(OSError):
+    """A path that is not a regular file (a directory, FIFO, device): never read as one."""
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """Open ``path`` for reading if it is a regular file; never blocks on a FIFO or opens a terminal."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise _NotRegularFileError(f"is {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _source_lines(path: str) -> list[str]:
+    """The lines of a user's source file, or [] when it is not a readable regular file of sane size."""
+    try:
+        with _open_regular(path) as f:
+            data = f.read(_MAX_SOURCE_BYTES + 1)
+    except (OSError, ValueError):  # ValueError: a name with a NUL byte
+        return []
+    return [] if len(data) > _MAX_SOURCE_BYTES else data.decode("utf-8", errors="replace").splitlines()
+
+
 def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
+    """The stripped text of ``path``'s line ``line`` (at most ``_MAX_CODE_CHARS``), "" when unknown."""
     if path not in cache:
-        try:
-            cache[path] = Path(path).read_text(errors="replace").splitlines()
-        except OSError:
-            cache[path] = []
+        if len(cache) > 10_000:  # code made by exec() under ever new names: stay bounded
+            cache.clear()
+        cache[path] = _source_lines(path)
     lines = cache[path]
-    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return lines[line - 1].strip()[:_MAX_CODE_CHARS] if 0 < line <= len(lines) else ""
 
 
 def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -245,7 +282,8 @@ class _Dispatch(TorchDispatchMode):
             out_fps = tr.fps.mark_uninitialized(outs)
         else:
             out_fps = tr.fps.get(outs, fresh=True) if outs else [_scalar_repr(out)]
-        tr.record(name, in_fps, out_fps)
+        gen = None if name not in RNG_OPS else "global" if kwargs.get("generator") is None else "private"
+        tr.record(name, in_fps, out_fps, gen)
         return out
 
 
@@ -339,10 +377,9 @@ class OpTracer:
         self.nodes: list[Any] = []
         self._names: dict[int, str] = {}
         self._context = ModuleContext(self._module_name)
-        self._modes: list[Any] = []
+        self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
-        self.active = False  # the modes are on the mode stacks
         self.recording = False  # ops are being recorded
         self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
 
@@ -357,7 +394,8 @@ class OpTracer:
             name = self._names.setdefault(id(mod), type(mod).__name__)
         return name
 
-    def record(self, op: str, in_fps: list[str], out_fps: list[str]) -> None:
+    def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None) -> None:
+        """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private"."""
         module = self.module_path()
         site = self.site = _resolved(self.site)  # once per torch call, however many ops it runs
         node = None if self._context.in_optimizer else torch._C._current_autograd_node()
@@ -369,7 +407,7 @@ class OpTracer:
             phase = "backward"
             found = self.node_sites.get(id(node))
             site, module = found if found is not None else (None, module)
-        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps))
+        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
         self.count += 1
         if len(self._queue) >= _QUEUE_RECORDS:
             self.flush()
@@ -392,14 +430,17 @@ class OpTracer:
     def _encode_queue(self) -> None:
         queue, self._queue = self._queue, []
         lines = []
-        for i, step, op, phase, module, site, in_fps, out_fps in queue:
+        for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
             entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
                      "file": site[0] if site else None, "line": site[1] if site else None,
                      "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
-            if self._file is not None:  # the file leaves out the line's text: read_ops() fills it in
+            if generator is not None:
+                entry["generator"] = generator
+            # the line's text is stored now: readers of ops.jsonl never open the paths a record names
+            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+            if self._file is not None:
                 lines.append(_encode(entry))
             if self.keep:
-                entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
                 self._ops.append(entry)
         if lines and self._file is not None:
             self._file.write("\n".join(lines) + "\n")
@@ -418,21 +459,44 @@ class OpTracer:
                 self._names.setdefault(id(mod), full or type(mod).__name__)
 
     # --- start / stop --------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether the modes are on the mode stack of some thread."""
+        return bool(self._modes)
+
     def start(self) -> OpTracer:
-        if self.active:  # stopped softly earlier and still on the stacks: just record again
-            self.recording = True
-            return self
-        self._refresh_names()
+        """Record from now on: in this thread and in every thread started while recording (see _traced_run).
+
+        Restarted after a soft stop (modes still on the stacks) it just records again, appending to the file."""
+        if not self._modes:
+            self._refresh_names()
+            self._context.install()
+            _active_tracers.add(self)
+            _hook_threads()
         if self.path is not None and self._file is None:
             mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
-            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in stop()
-        self._context.install()
-        self._modes = [_Function(self), _Dispatch(self)]
-        for m in self._modes:
-            m.__enter__()
-        self.active = self.recording = True
-        _active_tracers.add(self)
+            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in _release()
+        self._enter_thread()
+        self.recording = True
         return self
+
+    def _enter_thread(self) -> None:
+        """Put the modes on this thread's mode stacks (they are thread-local), unless they are there."""
+        ident = threading.get_ident()
+        if ident not in self._modes:
+            modes = [_Function(self), _Dispatch(self)]
+            for m in modes:
+                m.__enter__()
+            self._modes[ident] = modes
+
+    def _leave_thread(self) -> None:
+        """A traced thread ends: its modes go with it (popped when still on top)."""
+        modes = self._modes.pop(threading.get_ident(), None)
+        if modes is not None and self._modes_on_top(modes):
+            for m in reversed(modes):
+                m.__exit__(None, None, None)
+        if not self._modes and self in _active_tracers:
+            self._release()
 
     def stop(self) -> None:
         """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
@@ -440,17 +504,29 @@ class OpTracer:
         self.recording = False
         try:
             self.flush()
+            if self._file is not None:  # what was recorded is on disk, even if the script ends with os._exit
+                self._file.flush()
         finally:  # a Ctrl-C that arrived while the queue was encoded is raised by flush(): the modes still go
             self.settle()
 
     def settle(self) -> None:
-        """Take the modes off the stacks if recording has stopped and it is safe to do so now."""
-        if not self.active or self.recording or self.depth or not self._modes_on_top():
+        """Take the modes off this thread's stacks if recording has stopped and it is safe to do so now; once
+        no thread holds them, release everything (the file is closed)."""
+        if not self._modes or self.recording or self.depth:
             return
-        for m in reversed(self._modes):
+        ident = threading.get_ident()
+        modes = self._modes.get(ident)
+        if modes is None or not self._modes_on_top(modes):
+            return
+        for m in reversed(modes):
             m.__exit__(None, None, None)
+        del self._modes[ident]
+        if not self._modes:
+            self._release()
+
+    def _release(self) -> None:
+        """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
         self._context.remove()
-        self._modes = []
         self.node_sites.clear()
         self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
@@ -461,18 +537,64 @@ class OpTracer:
             if self._file is not None:
                 self._file.close()
             self._file = None
-            self.active = False
             _active_tracers.discard(self)
         for other in list(_active_tracers):  # a tracer stopped earlier under this one can leave the stacks now
             if other.active and not other.recording:
                 other.settle()
 
-    def _modes_on_top(self) -> bool:
-        """Whether this tracer's modes are the innermost ones: leaving a mode pops the top of the stack, so a
-        tracer stopped while another started later is still on is kept (passing ops through) until then."""
+    @staticmethod
+    def _modes_on_top(modes: list[Any]) -> bool:
+        """Whether ``modes`` are the innermost ones of this thread: leaving a mode pops the top of the stack, so
+        a tracer stopped while another started later is still on is kept (passing ops through) until then."""
         if _current_function_mode is None or _current_dispatch_mode is None:
             return True
-        return _current_function_mode() is self._modes[0] and _current_dispatch_mode() is self._modes[1]
+        return _current_function_mode() is modes[0] and _current_dispatch_mode() is modes[1]
+
+
+def _user_code(thread: threading.Thread) -> bool:
+    """Whether a thread runs the user's code, not torch's or torchrepro's own (a DataLoader's pin-memory
+    thread, torchrepro's value writer): only the user's threads are traced."""
+    target = getattr(thread, "_target", None)
+    code = getattr(target if target is not None else type(thread).run, "__code__", None)
+    return code is None or not _is_internal(code.co_filename)
+
+
+_thread_hook: dict[str, Any] = {}  # "original": threading.Thread._bootstrap_inner before _hook_threads()
+
+
+def _hook_threads() -> None:
+    """Make threads started while a tracer records trace their own ops: torch's mode stacks are per thread, so
+    a script that trains in a ``threading.Thread`` would otherwise run every op untraced. Installed once."""
+    original = getattr(threading.Thread, "_bootstrap_inner", None)
+    if original is None or _thread_hook:
+        return
+    _thread_hook["original"] = original
+
+    def _bootstrap_inner(thread: threading.Thread) -> None:
+        tracers = [t for t in list(_active_tracers) if t.recording] if _active_tracers else []
+        if tracers and _user_code(thread):
+            try:
+                thread.run = _traced_run(thread.run, tracers)  # type: ignore[method-assign]
+            except (AttributeError, TypeError):  # a read-only run (slots, a property): run it untraced
+                pass
+        original(thread)
+
+    threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+
+
+def _traced_run(run: Any, tracers: list[OpTracer]) -> Any:
+    """``run`` with the tracers' modes on the new thread's stacks while it runs (before join() can return)."""
+
+    def traced() -> None:
+        for t in tracers:
+            t._enter_thread()
+        try:
+            run()
+        finally:
+            for t in reversed(tracers):
+                t._leave_thread()
+
+    return traced
 
 
 class trace_ops:  # noqa: N801 - reads as a function at call sites
@@ -497,24 +619,94 @@ class trace_ops:  # noqa: N801 - reads as a function at call sites
 
 
 def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Op records from an ``ops.jsonl`` file, with the source line's text as ``code``.
+    """Op records from an ``ops.jsonl`` file, each checked (:data:`_OP_FIELDS`), with ``code`` as stored.
 
+    The file is untrusted input (a run directory may come from anywhere): the source files its records name are
+    never opened, and the file itself is read only if it is a regular file, one bounded line at a time.
     A cut-off last line (no newline at the end of the file: a killed run) is ignored. Any other line that is
-    not a JSON object raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
+    not a valid op record raises :class:`RunDirError` naming the file and line: skipping it, or stopping there,
     would shift or shorten the op stream and make two runs' streams look different.
     """
-    lines: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, raw in enumerate(f, start=1):
+    try:
+        f = _open_regular(path)
+    except _NotRegularFileError as exc:
+        raise RunDirError(path, f"{exc}, not an op trace file.", _RETRACE) from None
+    except (OSError, ValueError) as exc:
+        raise RunDirError(path, f"cannot be read ({getattr(exc, 'strerror', None) or exc}).", _RETRACE) from None
+    with f:
+        number = 0
+        while raw := f.readline(_MAX_RECORD_BYTES + 1):
+            number += 1
+            cut_off = not raw.endswith(b"\n")
+            if len(raw) > _MAX_RECORD_BYTES:
+                raise RunDirError(path, f"line {number} is longer than {_MAX_RECORD_BYTES >> 20} MiB: it is not an "
+                                  "op record; the op trace is corrupt.", _RETRACE)
+            text = raw.decode("utf-8", errors="replace")
             try:
-                op = json.loads(raw)
-            except json.JSONDecodeError:
-                op = None
-            if not isinstance(op, dict):
-                if not raw.endswith("\n"):  # the last line, cut off mid-write
+                op = json.loads(text)
+            except (ValueError, RecursionError):  # bad JSON, nesting too deep, an integer of too many digits
+                if cut_off:  # the last line, cut off mid-write
                     return
-                raise RunDirError(path, f"line {number} is not a valid op record ({raw[:60]!r}); the op trace is "
-                                  "corrupt (only a cut-off last line is tolerated).",
-                                  "Trace the run again (`torchrepro check --locate -- ...`).")
-            op["code"] = _code_line(op["file"], op["line"], lines) if op.get("file") else ""
-            yield op
+                raise RunDirError(path, f"line {number} is not a valid op record: it is not JSON ({text[:60]!r}); "
+                                  "the op trace is corrupt (only a cut-off last line is tolerated).",
+                                  _RETRACE) from None
+            problem = _op_problem(op)
+            if problem:
+                raise RunDirError(path, f"line {number} is not a valid op record: {problem}; the op trace is corrupt "
+                                  "or was not written by torchrepro.", _RETRACE)
+            yield _clean_op(op)
+
+
+_RETRACE = "Trace the run again (`torchrepro check --locate -- ...`)."
+_MAX_INT = 1 << 63
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v < _MAX_INT
+
+
+def _is_str_list(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+# field -> (required, check, what it must be); the fields of one op record (docs/formats.md)
+_OP_FIELDS: dict[str, tuple[bool, Any, str]] = {
+    "op": (True, lambda v: type(v) is str, "a string"),
+    "in": (True, _is_str_list, "a list of strings"),
+    "out": (True, _is_str_list, "a list of strings"),
+    "i": (False, _is_count, "a non-negative integer"),
+    "step": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "line": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "phase": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "module": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "file": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "generator": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "code": (False, lambda v: type(v) is str, "a string"),
+    "rng": (False, lambda v: type(v) is bool, "true or false"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _op_problem(op: Any) -> str | None:
+    """What is wrong with a parsed op record, or None when it has the shape :mod:`torchrepro.locate` reads."""
+    if type(op) is not dict:
+        return f"it is {'a list' if type(op) is list else 'a ' + type(op).__name__}, expected a JSON object"
+    for key, (required, ok, what) in _OP_FIELDS.items():
+        if key not in op:
+            if required:
+                return f"`{key}` is missing"
+        elif not ok(op[key]):
+            return f"`{key}` is {_shown(op[key])} ({type(op[key]).__name__}), expected {what}"
+    return None
+
+
+def _clean_op(op: dict[str, Any]) -> dict[str, Any]:
+    """A checked record with only the known fields (others, of any size or depth, are dropped)."""
+    clean = {key: op[key] for key in _OP_FIELDS if key in op}
+    clean.setdefault("code", "")
+    return clean
+

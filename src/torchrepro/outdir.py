@@ -33,6 +33,7 @@ RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "stdout.txt", "stderr.
 CHECK_FILES = {"check.json", "check.png", "locate.json", "locate_ops.txt", LOCK}
 RUN_NAME = re.compile(r"run\d+")
 RANK_NAME = re.compile(r"rank\d+")  # one rank's run directory inside a run of several ranks (torchrun)
+COPY_NAME = re.compile(r"run\d+-cwd")  # check --fresh-cwd: run N's copy of the working directory (ours)
 NEXT = "Choose a new or empty directory (or delete it yourself if you no longer need it)."
 
 
@@ -70,6 +71,8 @@ def check_check_dir(path: Path, *, flag: str = "--out") -> None:
         entry = path / name
         if RUN_NAME.fullmatch(name) and entry.is_dir():
             check_run_dir(entry, flag=flag)
+        elif COPY_NAME.fullmatch(name) and entry.is_dir() and not entry.is_symlink():
+            continue
         elif name == "locate" and entry.is_dir():
             check_check_dir(entry, flag=flag)
         elif name in CHECK_FILES and not entry.is_dir():

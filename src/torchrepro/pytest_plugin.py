@@ -13,8 +13,10 @@ every session and whatever the test order. ``-p no:torchrepro`` switches it off.
   starts are not affected.
 * The ``torchrepro_seed`` fixture is the test's seed (to seed a ``torch.Generator`` of the test's own).
 * ``@pytest.mark.reproducible(runs=2)`` runs the test body ``runs`` times from the same RNG state and fails unless
-  what it returns (tensors, numbers, or structures of them) is bitwise equal every time; ``atol=``/``rtol=`` allow
-  a tolerance (see ``torchrepro.TOLERANCES``).
+  what it returns (tensors, numbers, or structures of them; modules and optimizers by their ``state_dict()``,
+  other objects by their attributes) is bitwise equal every time; ``atol=``/``rtol=`` allow a tolerance (see
+  ``torchrepro.TOLERANCES``). A returned object with nothing to compare (``object()``, a function) fails the test
+  with a message saying what to return instead.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if marker is None:
         return None
     runs, atol, rtol = _marker_options(marker)
-    from .measure import find_nondeterminism  # only tests with the marker need it
+    from .measure import UncomparableResultError, find_nondeterminism  # only tests with the marker need them
     function = pyfuncitem.obj
     if inspect.iscoroutinefunction(function):
         pytest.fail("@pytest.mark.reproducible does not support async tests", pytrace=False)
@@ -138,7 +140,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         returned.append(function(**kwargs))
         return returned[-1]
 
-    message = find_nondeterminism(body, runs=runs, atol=atol, rtol=rtol, what=f"test {pyfuncitem.name}")
+    try:
+        message = find_nondeterminism(body, runs=runs, atol=atol, rtol=rtol, what=f"test {pyfuncitem.name}")
+    except UncomparableResultError as exc:  # what the test returned holds nothing to compare: say so, no verdict
+        pytest.fail(str(exc), pytrace=False)
     if all(r is None for r in returned):
         pytest.fail(f"@pytest.mark.reproducible: {pyfuncitem.name} returned nothing, so there is nothing to compare; "
                     "return the tensors (or a tuple/dict of them) that must come out the same in every run.",

@@ -254,6 +254,8 @@ class Recorder:
         value_schedule: str = "every",
     ) -> None:
         self.trace = TraceWriter(run_dir)
+        self.forked = False  # this is a forked child of the recorded process: it records nothing (see _in_child)
+        _recorders.add(self)
         # with keep_values: gradient and optimizer-state snapshots of the first N steps (None: $GRAD_VALUES_ENV or 0)
         self.grad_value_steps = _env_int(GRAD_VALUES_ENV) if grad_value_steps is None else grad_value_steps
         self.timing = timing
@@ -526,7 +528,7 @@ class Recorder:
         orig_backward = torch.autograd.backward
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if rec._in_hook:
+            if rec._in_hook or rec.forked:
                 return orig_backward(tensors, *args, **kwargs)
             loss = tensors if isinstance(tensors, torch.Tensor) else (
                 tensors[0] if isinstance(tensors, (list, tuple)) and tensors else None)
@@ -551,6 +553,8 @@ class Recorder:
 
         def __next__(it: Any) -> Any:
             batch = orig_next(it)
+            if rec.forked:
+                return batch
             loader = getattr(it, "_torchrepro_loader", None)
             rec._on_batch(loader if loader is not None else type(it), batch)
             return batch
@@ -567,7 +571,8 @@ class Recorder:
         it_cls.__init__ = __init__  # type: ignore[method-assign]
 
         def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            rec._on_step(optimizer)
+            if not rec.forked:
+                rec._on_step(optimizer)
 
         self._handles.append(register_optimizer_step_post_hook(step_hook))
         self._active = True
@@ -603,6 +608,8 @@ class Recorder:
 
     def log_metric(self, name: str, value: float) -> None:
         """Write a metric the script reports (``torchrepro.log_metric``) into the trace, with the step count."""
+        if self.forked:
+            return
         self.trace.write({"kind": "metric", "name": name, "value": float(value).hex(),
                           "step": self.steps or self.backward_calls, "t": self._now()})
 
@@ -615,7 +622,12 @@ class Recorder:
         return params
 
     def finish(self) -> dict[str, Any]:
-        """Uninstall, record the final parameters, flush everything; return a summary for the manifest."""
+        """Uninstall, record the final parameters, flush everything; return a summary for the manifest.
+
+        In a forked child nothing is written (the run directory is the parent's): only the hooks are removed."""
+        if self.forked:
+            self.uninstall()
+            return {"forked_child": True}
         if self._tracer is not None:
             self._tracer.stop()
         self.uninstall()
@@ -654,6 +666,19 @@ class Recorder:
 
 
 _installed: list[Recorder] = []  # recorders installed in this process, the latest last
+_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder of this process (for the fork hook)
+
+
+def _in_child() -> None:
+    """A forked child (``os.fork()`` in the script, a DataLoader worker) records nothing: its events, metrics,
+    value snapshots and final parameters would be mixed into the parent's run directory."""
+    for rec in list(_recorders):
+        rec.forked = True
+        rec.trace.detach()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_in_child)
 
 
 def current_recorder() -> Recorder | None:
@@ -705,6 +730,8 @@ class watch:  # noqa: N801 - reads as a function at call sites
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self.summary = self.recorder.finish()
+        if self.recorder.forked:  # a forked child leaving the block: the parent writes the manifest
+            return False
         ours = isinstance(exc, MaxStepsReached) and self.recorder.stopped
         ok = exc_type is None or ours
         status = ("stopped-at-max-steps" if self.recorder.stopped else "ok") if ok else "failed"

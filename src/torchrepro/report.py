@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._io import atomic_write
 from .compare import CheckResult
 
 
@@ -51,7 +52,5 @@ def plot_check(result: CheckResult, path: str | Path) -> Path | None:
     fig.suptitle(f"torchrepro check: {result.verdict}")
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.86, wspace=0.28)  # fixed: tight_layout is slow
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    tmp.replace(path)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), durable=False)
     return path

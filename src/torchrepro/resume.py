@@ -21,14 +21,17 @@ and compares the losses, parameters and optimizer state of runs 1 and 2+3 after 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,15 +131,37 @@ def run_child(cfg: dict[str, Any]) -> None:
     Path(cfg["out"]).write_text(json.dumps(records))
 
 
+_ROLE = {"straight": "straight", "first": "interrupted", "resumed": "resumed"}  # cfg role -> the run's name
+
+
 def _run(cfg: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    """Run one training process; kill it (and what it started) if it outlives ``timeout`` or we are stopped."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "PYTHONHASHSEED": "0"}
-    proc = subprocess.run([sys.executable, "-m", "torchrepro._resume_child", json.dumps(cfg)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    what = f"the {_ROLE[cfg['role']]} run (steps {cfg['first']}..{cfg['last']})"
+    proc = subprocess.Popen([sys.executable, "-m", "torchrepro._resume_child", json.dumps(cfg)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise ResumeRunError(f"verify_resume: {what} did not finish within {timeout:g} s and was killed. Pass a "
+                             "larger timeout= if training is that slow, or look for a hang in build, step, save "
+                             "or load.") from None
+    except BaseException:
+        _kill(proc)
+        raise
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
-        raise ResumeRunError(f"verify_resume: the {cfg['role']} run (steps {cfg['first']}..{cfg['last']}) failed "
-                             f"with exit code {proc.returncode}:\n{tail}")
+        tail = "\n".join(stderr.strip().splitlines()[-20:])
+        raise ResumeRunError(f"verify_resume: {what} failed with exit code {proc.returncode}:\n{tail}")
     return json.loads(Path(cfg["out"]).read_text())
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the child's process group (its data-loader workers too) and reap the child."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        proc.communicate(timeout=30)
 
 
 def verify_resume(
@@ -154,20 +179,42 @@ def verify_resume(
     """Check that ``resume_at`` steps + save + load in a new process + the rest equals ``steps`` straight.
 
     ``save(path, state, step)`` and ``load(path, state)`` default to torchrepro's checkpoints; pass your own
-    to test another checkpointing scheme. Returns a :class:`ResumeReport`.
+    to test another checkpointing scheme. Returns a :class:`ResumeReport`. The checkpoint and each run's
+    results go to ``workdir`` (kept for inspection) or to a temporary directory that is removed afterwards, also
+    on error. A run that outlives ``timeout`` seconds is killed with the processes it started, and
+    :class:`ResumeRunError` names it (straight, interrupted or resumed).
     """
     if not 0 < resume_at < steps:
         raise ValueError(f"need 0 < resume_at < steps, got resume_at={resume_at}, steps={steps}")
-    work = Path(workdir or tempfile.mkdtemp(prefix="torchrepro-resume-"))
-    work.mkdir(parents=True, exist_ok=True)
-    base = {"seed": seed, "build": _ref(build), "step": _ref(step), "save": _ref(save), "load": _ref(load),
-            "ckpt": str(work / "checkpoint.pt")}
-    straight = _run({**base, "role": "straight", "first": 1, "last": steps, "out": str(work / "straight.json")},
-                    timeout)
-    first = _run({**base, "role": "first", "first": 1, "last": resume_at, "out": str(work / "first.json")}, timeout)
-    rest = _run({**base, "role": "resumed", "first": resume_at + 1, "last": steps, "out": str(work / "rest.json")},
-                timeout)
-    resumed = first + rest
+    with _work_dir(workdir) as work:
+        base = {"seed": seed, "build": _ref(build), "step": _ref(step), "save": _ref(save), "load": _ref(load),
+                "ckpt": str(work / "checkpoint.pt")}
+        straight = _run({**base, "role": "straight", "first": 1, "last": steps,
+                         "out": str(work / "straight.json")}, timeout)
+        first = _run({**base, "role": "first", "first": 1, "last": resume_at, "out": str(work / "first.json")},
+                     timeout)
+        rest = _run({**base, "role": "resumed", "first": resume_at + 1, "last": steps,
+                     "out": str(work / "rest.json")}, timeout)
+    return _compare(straight, first + rest, steps, resume_at)
+
+
+@contextlib.contextmanager
+def _work_dir(workdir: str | Path | None) -> Iterator[Path]:
+    """The caller's ``workdir`` (kept), or a fresh temporary directory removed on the way out, also on error."""
+    if workdir is not None:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        yield Path(workdir)
+        return
+    work = Path(tempfile.mkdtemp(prefix="torchrepro-resume-"))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # made by mkdtemp just above: ours, with all that is in it
+
+
+def _compare(straight: list[dict[str, Any]], resumed: list[dict[str, Any]], steps: int,
+             resume_at: int) -> ResumeReport:
+    """The first step at which the interrupted-and-resumed records differ from the straight ones."""
     report = ResumeReport(identical=True, steps=steps, resume_at=resume_at,
                           losses_straight=[float.fromhex(r["loss"]) if r["loss"] else None for r in straight],
                           losses_resumed=[float.fromhex(r["loss"]) if r["loss"] else None for r in resumed])

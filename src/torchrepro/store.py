@@ -48,16 +48,22 @@ class TraceWriter:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / VALUES).mkdir(exist_ok=True)
-        self._f: IO[str] = open(self.dir / TRACE, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f: IO[str] | None = open(self.dir / TRACE, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.records = 0
 
     def write(self, event: dict[str, Any]) -> None:
+        if self._f is None:  # detached: a forked child's events never reach the parent's trace
+            return
         self._f.write(json.dumps(event, separators=(",", ":")) + "\n")
         self._f.flush()
         self.records += 1
 
+    def detach(self) -> None:
+        """Write nothing more, without flushing or closing (in a forked child: the file is the parent's)."""
+        self._f = None
+
     def close(self) -> None:
-        if not self._f.closed:
+        if self._f is not None and not self._f.closed:
             self._f.close()
 
 
@@ -68,13 +74,16 @@ def read_trace_lines(run_dir: str | Path) -> tuple[list[dict[str, Any]], bool]:
     truncated = False
     if not path.exists():
         return events, truncated
+    if not path.is_file():  # a directory, FIFO or device: never read (a FIFO would block forever)
+        raise RunDirError(path, "is not a regular file, so it is not a trace written by torchrepro.",
+                          "Record the run again with `torchrepro run --record DIR -- ...`.")
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     for i, line in enumerate(lines):
         if not line:
             continue
         try:
             events.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, nested too deep, an integer of too many digits
             if i == len(lines) - 1:  # the last line, without a newline: cut off mid-write
                 truncated = True
                 break

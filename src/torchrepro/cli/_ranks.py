@@ -4,10 +4,10 @@ and for desynchronisation between ranks. See docs/distributed.md."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .._io import atomic_write_json
+from ..compare import note_shared_workdir
 from ..errors import ScriptError
 from ..launcher import CommandError, LaunchOptions, RunResult, parse_python_command
 from ..outdir import lock_dir
@@ -15,7 +15,17 @@ from ..rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..report import plot_check
 from ..store import load_ranks
 from ._render import render
-from .check_cmd import EnvironmentDifferences, environment_differences, execute_runs, output_dir, tail_lines
+from .check_cmd import (
+    EnvironmentDifferences,
+    Isolation,
+    WriteErrors,
+    environment_differences,
+    execute_runs,
+    output_dir,
+    print_verdict,
+    saved,
+    tail_lines,
+)
 
 _FIX_SCRIPT = ("Fix the script so that it runs under torchrun on its own (`torchrun --nproc-per-node N train.py`), "
                "then check again.")
@@ -95,13 +105,16 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
                          nproc_per_node=nproc, rank_output=True)
     what = f"`{' '.join(args.user_command)}`"
     with lock_dir(out):
-        dirs = execute_runs(command, out, args.runs, opts)
+        isolation = Isolation.for_check(args.fresh_cwd, out)
+        dirs = execute_runs(command, out, args.runs, opts, isolation)
         runs = [load_ranks(d)[1] for d in dirs]
         counts = {len(r) for r in runs}
         if counts != {nproc}:
             raise ScriptError(f"the runs recorded {sorted(counts)} ranks, expected {nproc}: the runs cannot be "
                               f"compared rank by rank. Runs: {', '.join(map(str, dirs))}.")
         check = compare_rank_runs(runs)
+        for result in check.per_rank:  # every rank read what it read in the shared working directory
+            note_shared_workdir(result, dict(isolation.to_json() or {}))
         env = environment_differences([r[0] for r in runs], quiet_if_same=True)
         return finish_ranks(check, out, what=what, as_json=args.json, environment=env)
 
@@ -110,15 +123,16 @@ def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
                  environment: EnvironmentDifferences | None = None) -> int:
     """Plot (the lead rank), write check.json, print the summary or JSON; return the exit code."""
     rank, lead = check.lead
-    plot = plot_check(lead, out / "check.png")
+    errors: WriteErrors = []
+    plot = saved(out / "check.png", lambda: plot_check(lead, out / "check.png"), errors)
     doc = check.to_json() | {"plot": str(plot) if plot else None, "command": what, "exit_code": check.exit_code}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(lead.verdict)
-    atomic_write_json(out / "check.json", doc)
+    saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
     env_text = environment.render(lead.verdict) if environment is not None and not as_json else None
-    print(json.dumps(doc, indent=2) if as_json else
-          "\n\n".join(t for t in (render_ranks(check, what=what, plot=str(plot) if plot else None), env_text) if t))
-    return check.exit_code
+    text = "" if as_json else "\n\n".join(
+        t for t in (render_ranks(check, what=what, plot=str(plot) if plot else None), env_text) if t)
+    return print_verdict(doc, text, as_json, errors)
 
 
 def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> str:
@@ -138,6 +152,9 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
         assert first_desync is not None
         lines.append(f"torchrepro: DESYNCHRONISED - {where}: every rank repeats itself across runs, but the ranks' "
                      f"replicas part at step {first_desync.step}.")
+    warning = (check.lead[1].working_directory or {}).get("warning")
+    if warning:
+        lines.append(f"Warning: {warning}")
     lines.append("")
     lines.append("Across runs, rank by rank:")
     for r, result in enumerate(check.per_rank):

@@ -34,6 +34,9 @@ def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
     if result.verdict == "identical":
         lines.append(f"torchrepro: IDENTICAL - {len(result.runs)} runs of {what}, {result.steps[0]} {unit} each; "
                      "every recorded loss, batch, parameter, gradient and optimizer-state tensor is bitwise equal.")
+        warning = (result.working_directory or {}).get("warning")
+        if warning:
+            lines.append(f"Warning: {warning}")
     else:
         lines.append(f"torchrepro: DIVERGED at step {result.first_step} "
                      f"({len(result.runs)} runs of {what}; steps per run: {result.steps})")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write
 from ..errors import Interrupted, OutputDirError, ScriptError
 from ..launcher import LaunchOptions, RunResult, launch
 from ..outdir import LOCK, NEXT, RUN_NAME, check_run_dir, make_dir, unique_dir
@@ -119,9 +120,9 @@ def pyplot() -> Any:
 def save_figure(fig: Any, path: Path) -> Path:
     """Write ``fig`` to ``path`` atomically and close it."""
     plt = pyplot()
-    tmp = path.with_name(f".{path.name}.tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100), durable=False)
+    finally:
+        plt.close(fig)
     return path

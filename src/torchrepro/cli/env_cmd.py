@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             raise OutputDirError(f"-o {path}: is a directory; name a file to write the environment to.")
         try:
             atomic_write_json(path, doc)
+        except OutputDirError as exc:  # a socket or device that is not written through
+            raise OutputDirError(f"-o {exc}") from None
         except OSError as exc:
             raise OutputDirError(f"-o {path}: cannot be written ({exc.strerror or exc}).") from None
         print(f"torchrepro: wrote the environment to {path}", file=sys.stderr)

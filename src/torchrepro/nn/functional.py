@@ -16,6 +16,7 @@ against the PyTorch op and its measured speed.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +29,10 @@ from ..errors import ReproError
 from ._rowsum import row_sum, use_sorted
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentIndexError",
+    "ArgumentValueError",
+    "UnsupportedDtypeError",
     "UnsupportedOptionError",
     "bincount",
     "conv_transpose2d",
@@ -43,6 +48,63 @@ __all__ = [
 
 class UnsupportedOptionError(ReproError, ValueError):
     """An argument the deterministic alternative does not support (the message says what to use instead)."""
+
+
+# Arguments the PyTorch op rejects are rejected here with the same built-in exception type (and much the same
+# text), so that code catching PyTorch's exceptions catches these too.
+class ArgumentError(ReproError, RuntimeError):
+    """A shape, dtype or value that the PyTorch op rejects with a RuntimeError."""
+
+
+class ArgumentIndexError(ReproError, IndexError):
+    """A dimension or index that the PyTorch op rejects with an IndexError."""
+
+
+class ArgumentValueError(ReproError, ValueError):
+    """An argument that the PyTorch op rejects with a ValueError."""
+
+
+class UnsupportedDtypeError(ReproError, NotImplementedError):
+    """A dtype that the PyTorch op has no kernel for (NotImplementedError, as PyTorch raises)."""
+
+
+def _scalar(t: torch.Tensor) -> str:
+    """PyTorch's name of a tensor's scalar type, as its messages print it: Float, Double, Long, ..."""
+    return t.type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
+
+def _wrap_dim(dim: Any, ndim: int, what: str) -> int:
+    """``dim`` wrapped into [0, ndim) as PyTorch wraps it (a 0-d tensor counts as 1-D); IndexError outside."""
+    dim = operator.index(dim)  # a float: TypeError, as PyTorch
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise ArgumentIndexError(f"{what}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but "
+                                 f"got {dim})")
+    return dim % n
+
+
+def _size_at(t: torch.Tensor, d: int, what: str) -> int:
+    """``t.size(d)``, 1 for a 0-d tensor (PyTorch's ensure_nonempty_size)."""
+    return 1 if t.dim() == 0 else t.shape[_wrap_dim(d, t.dim(), what)]
+
+
+def _check_index(index: torch.Tensor, what: str) -> None:
+    if index.dtype not in (torch.int64, torch.int32):
+        raise ArgumentError(f"{what}: Expected dtype int32/int64 for index but got: {_scalar(index)}; convert it "
+                            "with .long()")
+
+
+def _check_bounds(index: torch.Tensor, size: int, dim: int, *, vector: bool, what: str) -> None:
+    """Every value of ``index`` in [0, size): else PyTorch's CPU error (IndexError for a 1-D target)."""
+    if not index.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(index))
+    if low >= 0 and high < size:
+        return
+    value = int(index[(index < 0) | (index >= size)].reshape(-1)[0])
+    if vector:
+        raise ArgumentIndexError(f"{what}: index out of range in self: got {value} for a dimension of size {size}")
+    raise ArgumentError(f"{what}: index {value} is out of bounds for dimension {dim} with size {size}")
 
 
 # ---------------------------------------------------------------------------------------------- index_add
@@ -77,10 +139,31 @@ class _IndexAdd(torch.autograd.Function):
         return (grad if ctx.needs_input_grad[0] else None), None, None, grad_src, None
 
 
-def _check_index(index: torch.Tensor, what: str) -> None:
-    if index.dtype not in (torch.int64, torch.int32):
-        raise ReproError(f"{what}: index must be an int64 or int32 tensor, got {index.dtype}; convert it with "
-                         ".long()")
+def _index_add_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, source: torch.Tensor) -> int:
+    """PyTorch's checks of index_add's arguments, in its order; the wrapped ``dim``."""
+    dim = _wrap_dim(dim, input.dim(), "index_add")
+    if index.dim() > 1:
+        raise ArgumentIndexError(f"index_add_(): Index is supposed to be a vector, but got dim: {index.dim()} with "
+                                 f"type: {_scalar(index)} and size: {list(index.shape)}")
+    _check_index(index, "index_add_()")
+    if input.dtype != source.dtype:
+        raise ArgumentError(f"index_add_(): self ({_scalar(input)}) and source ({_scalar(source)}) must have the "
+                            "same scalar type")
+    if dim and dim >= source.dim():
+        raise ArgumentError(f"index_add_(): Indexing dim {dim} is out of bounds of the source tensor with dim "
+                            f"{source.dim()}")
+    rows = source.shape[dim] if source.dim() else 1
+    if index.numel() != rows:
+        raise ArgumentError(f"index_add_(): Number of indices ({index.numel()}) should be equal to "
+                            f"source.size(dim): ({rows}), for dim: {dim}")
+    if input.dim() != source.dim() or any(a != b for d, (a, b) in enumerate(zip(input.shape, source.shape))
+                                          if d != dim):
+        raise ArgumentError("index_add_(): source tensor shape must match self tensor shape, excluding the "
+                            f"specified dimension. Got self.shape = {list(input.shape)} source.shape = "
+                            f"{list(source.shape)}")
+    if input.dim() > 1 or use_sorted(input.device):  # 1-D on CPU: PyTorch's kernel raises the same IndexError
+        _check_bounds(index, _size_at(input, dim, "index_add"), dim, vector=input.dim() <= 1, what="index_add_()")
+    return dim
 
 
 def index_add(input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor,
@@ -90,10 +173,9 @@ def index_add(input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.
     >>> index_add(torch.zeros(2, 2), 0, torch.tensor([1, 1]), torch.ones(2, 2)).tolist()
     [[0.0, 0.0], [2.0, 2.0]]
     """
-    _check_index(index, "index_add")
-    if index.dim() > 1:
-        raise ReproError(f"index_add: index must be 1-D, got shape {tuple(index.shape)}")
-    dim = dim % max(input.dim(), 1)
+    dim = _index_add_checks(input, dim, index, source)
+    if input.dim() == 0:  # as a 1-D tensor of one element
+        return _IndexAdd.apply(input.reshape(1), 0, index.reshape(-1), source.reshape(1), alpha).reshape(())
     return _IndexAdd.apply(input, dim, index.reshape(-1), source, alpha)
 
 
@@ -117,8 +199,7 @@ def _flat_targets(shape: Sequence[int], dim: int, index: torch.Tensor) -> torch.
 def _scatter_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if not use_sorted(inp.device):  # CPU: scatter_add_ runs serially, in index order (checked by the tests)
         return inp.clone().scatter_add_(dim, index, src)
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= inp.shape[dim]):
-        raise IndexError(f"scatter_add: index values must lie in [0, {inp.shape[dim] - 1}]")
+    _check_bounds(index, _size_at(inp, dim, "scatter_add"), dim, vector=False, what="scatter_add")
     picked = src[tuple(slice(0, n) for n in index.shape)]
     flat = row_sum(inp.contiguous().view(-1, 1), _flat_targets(inp.shape, dim, index), picked.reshape(-1, 1))
     return flat.view(inp.shape)
@@ -146,48 +227,106 @@ class _ScatterAdd(torch.autograd.Function):
         return (grad if ctx.needs_input_grad[0] else None), None, None, grad_src
 
 
+def _scatter_checks(input: torch.Tensor, dim: Any, index: torch.Tensor, src: torch.Tensor) -> int:
+    """PyTorch's checks of scatter's arguments (scatter_gather_dtype_check, scatter_shape_check); the wrapped dim."""
+    dim = _wrap_dim(dim, input.dim(), "scatter_add")
+    if index.numel() and index.dtype not in (torch.int64, torch.int32):
+        _check_index(index, "scatter_add()")
+    if src.dtype != input.dtype:
+        raise ArgumentError(f"scatter_add(): Expected self.dtype to be equal to src.dtype, got {_scalar(input)} "
+                            f"and {_scalar(src)}")
+    if not index.numel():
+        return dim
+    dims = max(input.dim(), 1)
+    if max(index.dim(), 1) != dims:
+        raise ArgumentError(f"scatter_add(): Index tensor must have the same number of dimensions as self tensor "
+                            f"({input.dim()}), got {index.dim()}")
+    here = "scatter_add: src has fewer dimensions than index"
+    wrong = (any(_size_at(index, d, here) > _size_at(input, d, here) for d in range(dims) if d != dim)
+             or any(_size_at(index, d, here) > _size_at(src, d, here) for d in range(dims)))
+    if wrong:
+        raise ArgumentError(f"scatter_add(): Expected index {list(index.shape)} to be no larger than self "
+                            f"{list(input.shape)} apart from dimension {dim} and to be no larger size than src "
+                            f"{list(src.shape)}")
+    return dim
+
+
 def scatter_add(input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """Deterministic ``torch.scatter_add``: ``out[index[i][j]][j] += src[i][j]`` (for ``dim=0``), in index order.
 
     >>> scatter_add(torch.zeros(3), 0, torch.tensor([2, 2, 0]), torch.tensor([1.0, 2.0, 3.0])).tolist()
     [3.0, 0.0, 3.0]
     """
-    _check_index(index, "scatter_add")
-    if index.dim() != input.dim():
-        raise ReproError(f"scatter_add: index must have as many dimensions as input ({input.dim()}), "
-                         f"got {index.dim()}")
-    dim = dim % max(input.dim(), 1)
+    dim = _scatter_checks(input, dim, index, src)
     return _ScatterAdd.apply(input, dim, index.to(torch.int64), src)
 
 
 # --------------------------------------------------------------------------------------------- index_put
 
 
-def _put_rows(inp: torch.Tensor, indices: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Size, int]:
-    """Flat row numbers over the indexed leading dims, the broadcast shape of the indices, how many dims."""
+_MASKS = (torch.bool, torch.uint8)  # uint8 indices are masks, as in PyTorch (which deprecates them)
+_INTEGER_INDICES = (torch.int64, torch.int32)
+
+
+def _mask_positions(inp: torch.Tensor, mask: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
+    """The positions a mask selects over dims ``start, start + 1, ...`` of ``inp`` (PyTorch's shape checks)."""
+    for j, size in enumerate(mask.shape):
+        at = _wrap_dim(start + j, inp.dim(), "index_put: a mask indexes past the last dimension")
+        if size != inp.shape[at]:
+            raise ArgumentIndexError(f"index_put: The shape of the mask {list(mask.shape)} at index {j} does not "
+                                     f"match the shape of the indexed tensor {list(inp.shape)} at index {at}")
+    return mask.nonzero(as_tuple=True)
+
+
+def _index_tensors(inp: torch.Tensor, indices: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The indices as int64 tensors, one per indexed dim (masks expanded), broadcast together."""
+    if len(indices) > inp.dim():
+        raise ArgumentIndexError(f"index_put: too many indices for tensor of dimension {inp.dim()} "
+                                 f"(got {len(indices)})")
     expanded: list[torch.Tensor] = []
     for idx in indices:
-        if idx.dtype == torch.bool:
-            expanded.extend(idx.nonzero(as_tuple=True))
-        elif idx.dtype in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        if idx.dtype in _MASKS:
+            expanded.extend(_mask_positions(inp, idx, len(expanded)))
+        elif idx.dtype in _INTEGER_INDICES:
             expanded.append(idx.to(torch.int64))
         else:
-            raise ReproError(f"index_put: indices must be integer or bool tensors, got {idx.dtype}")
-    if not expanded or len(expanded) > inp.dim():
-        raise ReproError(f"index_put: expected 1 to {inp.dim()} index tensors for a {inp.dim()}-D input, "
-                         f"got {len(expanded)}")
-    expanded = list(torch.broadcast_tensors(*expanded))
+            raise ArgumentIndexError(f"index_put: tensors used as indices must be long, int, byte or bool tensors, "
+                                     f"got {idx.dtype}")
+    if not expanded:
+        raise ArgumentError("index_put: expected at least one index tensor, got none")
+    try:
+        return list(torch.broadcast_tensors(*expanded))
+    except RuntimeError:
+        shapes = ", ".join(str(list(t.shape)) for t in expanded)
+        raise ArgumentIndexError(f"index_put: shape mismatch: indexing tensors could not be broadcast together "
+                                 f"with shapes {shapes}") from None
+
+
+def _put_rows(inp: torch.Tensor, indices: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Size, int]:
+    """Flat row numbers over the indexed leading dims, the broadcast shape of the indices, how many dims."""
+    expanded = _index_tensors(inp, indices)
     flat: torch.Tensor | None = None
-    for size, idx in zip(inp.shape, expanded):
+    for dim, (size, idx) in enumerate(zip(inp.shape, expanded)):
         low, high = (int(v) for v in torch.aminmax(idx)) if idx.numel() else (0, 0)
         if low < -size or high >= size:
-            raise IndexError(f"index_put: index out of range for a dimension of size {size}: got values in "
-                             f"[{low}, {high}]")
+            raise ArgumentIndexError(f"index_put: index {high if high >= size else low} is out of bounds for "
+                                     f"dimension {dim} with size {size}")
         if low < 0:
             idx = torch.where(idx < 0, idx + size, idx)
         flat = idx if flat is None else flat * size + idx
     assert flat is not None
     return flat.reshape(-1), expanded[0].shape, len(expanded)
+
+
+def _check_values(inp: torch.Tensor, values: torch.Tensor, target: tuple[int, ...]) -> None:
+    """``values`` of ``inp``'s dtype and expandable to the shape of the indexed result, as PyTorch requires."""
+    if values.dtype != inp.dtype:
+        raise ArgumentError(f"index_put: Index put requires the source and destination dtypes match, got "
+                            f"{_scalar(inp)} for the destination and {_scalar(values)} for the source.")
+    fits = values.dim() <= len(target) and all(a in (1, b) for a, b in zip(reversed(values.shape), reversed(target)))
+    if not fits:
+        raise ArgumentError(f"index_put: shape mismatch: value tensor of shape {list(values.shape)} cannot be "
+                            f"broadcast to indexing result of shape {list(target)}")
 
 
 class _IndexPut(torch.autograd.Function):
@@ -228,7 +367,8 @@ def index_put(input: torch.Tensor, indices: Sequence[torch.Tensor], values: torc
     if isinstance(indices, torch.Tensor):
         indices = (indices,)
     flat, bshape, lead = _put_rows(input, tuple(indices))
-    return _IndexPut.apply(input, flat, lead, bshape, values.to(input.dtype))
+    _check_values(input, values, (*bshape, *input.shape[lead:]))
+    return _IndexPut.apply(input, flat, lead, bshape, values)
 
 
 # ----------------------------------------------------------------------- gathers with a deterministic backward
@@ -252,8 +392,9 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor):
         ctx.dim, ctx.shape = dim, inp.shape
-        ctx.save_for_backward(index)
-        return torch.gather(inp, dim, index)
+        out = torch.gather(inp, dim, index)
+        ctx.save_for_backward(index.to(torch.int64))
+        return out
 
     @staticmethod
     @once_differentiable
@@ -268,8 +409,11 @@ def index_select(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Te
     >>> index_select(torch.arange(4.0), 0, torch.tensor([3, 3, 0])).tolist()
     [3.0, 3.0, 0.0]
     """
-    _check_index(index, "index_select")
-    return _IndexSelect.apply(input, dim % max(input.dim(), 1), index.reshape(-1).to(torch.int64))
+    dim = _wrap_dim(dim, input.dim(), "index_select")
+    if index.dim() > 1:
+        raise ArgumentIndexError(f"index_select(): Index is supposed to be a vector, got shape {list(index.shape)}")
+    _check_index(index, "index_select()")
+    return _IndexSelect.apply(input, dim, index.reshape(-1).to(torch.int64))
 
 
 def gather(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
@@ -278,11 +422,30 @@ def gather(input: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     >>> gather(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 1, torch.tensor([[1, 1], [0, 1]])).tolist()
     [[2.0, 2.0], [3.0, 4.0]]
     """
-    _check_index(index, "gather")
-    return _Gather.apply(input, dim % max(input.dim(), 1), index.to(torch.int64))
+    return _Gather.apply(input, _wrap_dim(dim, input.dim(), "gather"), index)  # torch.gather checks the rest
 
 
 # ------------------------------------------------------------------------------------------ bincount, histc
+
+
+def _integer_dtype(input: torch.Tensor, what: str) -> None:
+    if input.dtype.is_floating_point or input.dtype.is_complex or input.dtype == torch.bool:
+        raise UnsupportedDtypeError(f"{what}: not implemented for '{_scalar(input)}': the input must be a tensor of "
+                                    "integers")
+
+
+def _bincount_checks(input: torch.Tensor, weights: torch.Tensor) -> int:
+    """PyTorch's checks of a weighted bincount of a non-empty input, in its order; the largest value."""
+    if input.dim() != 1:
+        raise ArgumentError(f"bincount: the input must be 1-d (bincount only supports 1-d non-negative integral "
+                            f"inputs), got a {input.dim()}-D tensor")
+    low, high = (int(v) for v in torch.aminmax(input))
+    if low < 0:
+        raise ArgumentError(f"bincount: input must be non-negative, got the value {low}")
+    if weights.dim() != 1 or weights.shape[0] != input.shape[0]:
+        raise ArgumentError(f"bincount: weights should be 1-d and have the same length as input "
+                            f"({input.shape[0]}), got shape {list(weights.shape)}")
+    return high
 
 
 def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
@@ -293,20 +456,18 @@ def bincount(input: torch.Tensor, weights: torch.Tensor | None = None, minlength
     >>> bincount(torch.tensor([0, 2, 2])).tolist()
     [1, 0, 2]
     """
-    if input.dim() != 1 or input.dtype.is_floating_point or input.dtype == torch.bool:
-        raise ReproError(f"bincount: input must be a 1-D integer tensor, got {input.dim()}-D {input.dtype}")
     if weights is None:
         return torch.bincount(input, minlength=minlength)  # integer counts: exact in any order
-    low, high = (int(v) for v in torch.aminmax(input)) if input.numel() else (0, -1)
-    if low < 0:
-        raise ReproError(f"bincount: input must be non-negative, got the value {low}")
-    if weights.shape != input.shape:
-        raise ReproError(f"bincount: weights must have the shape of input {tuple(input.shape)}, "
-                         f"got {tuple(weights.shape)}")
-    length = max(high + 1, minlength)
+    _integer_dtype(input, "bincount")
+    minlength = operator.index(minlength)  # a float: TypeError, as PyTorch
+    if minlength < 0:
+        raise ArgumentError(f"bincount: minlength should be >= 0, got {minlength}")
+    if input.dim() == 1 and not input.numel():  # PyTorch returns int64 zeros here, whatever the weights
+        return torch.zeros(minlength, dtype=torch.int64, device=input.device)
+    high = _bincount_checks(input, weights)
     dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
-    zeros = torch.zeros(length, dtype=dtype, device=weights.device)
-    return index_add(zeros, 0, input, weights.to(dtype))
+    zeros = torch.zeros(max(high + 1, minlength), dtype=dtype, device=weights.device)
+    return _IndexAdd.apply(zeros, 0, input.to(torch.int64), weights.to(dtype), 1)  # values checked above
 
 
 def _histc_edges(input: torch.Tensor, min: float, max: float) -> tuple[float, float]:
@@ -317,9 +478,9 @@ def _histc_edges(input: torch.Tensor, min: float, max: float) -> tuple[float, fl
     if left == right:
         left, right = left - 1, right + 1
     if any(v != v or v in (float("inf"), float("-inf")) for v in (left, right)):
-        raise ReproError(f"histc: range of [{left}, {right}] is not finite; pass finite min and max")
+        raise ArgumentError(f"histc: range of [{left}, {right}] is not finite; pass finite min and max")
     if left > right:
-        raise ReproError(f"histc: max must be larger than min, got min={min}, max={max}")
+        raise ArgumentError(f"histc: max must be larger than min, got min={min}, max={max}")
     return left, right
 
 
@@ -333,9 +494,11 @@ def histc(input: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) 
     [1.0, 2.0]
     """
     if not input.dtype.is_floating_point:
-        raise ReproError(f"histc: input must be a floating-point tensor, got {input.dtype}")
+        raise UnsupportedDtypeError(f"histc: not implemented for '{_scalar(input)}': the input must be a "
+                                    "floating-point tensor")
+    bins = operator.index(bins)  # a float: TypeError, as PyTorch
     if bins <= 0:
-        raise ReproError(f"histc: bins must be > 0, got {bins}")
+        raise ArgumentError(f"histc: bins must be > 0, got {bins}")
     left, right = _histc_edges(input, min, max)
     if input.device.type == "cpu" and input.numel() <= int(2 / torch.finfo(input.dtype).eps):  # 2**24, float32
         # No bin can pass 2**(mantissa bits): each +1.0 is exact, so any order of additions gives the same bits.
@@ -388,6 +551,23 @@ class _EmbeddingBag(torch.autograd.Function):
         return None, grad_weight, None, None, grad_psw
 
 
+def _bag_checks(input: torch.Tensor, offsets: torch.Tensor | None) -> None:
+    """PyTorch's checks of embedding_bag's input and offsets (ValueError for shapes, RuntimeError for dtypes)."""
+    if input.dim() == 2 and offsets is not None:
+        raise ArgumentValueError("embedding_bag: if input is 2-D (one bag per row), offsets has to be None, got a "
+                                 "tensor")
+    if input.dim() == 1 and offsets is None:
+        raise ArgumentValueError("embedding_bag: a 1-D input needs offsets (the start of each bag): offsets has "
+                                 "to be a 1D Tensor but got None")
+    if input.dim() not in (1, 2):
+        raise ArgumentValueError(f"embedding_bag: input has to be 1D or 2D Tensor, but got Tensor of dimension "
+                                 f"{input.dim()}")
+    for name, t in (("indices", input), ("offsets", offsets)):
+        if t is not None and t.dtype not in _INTEGER_INDICES:
+            raise ArgumentError(f"embedding_bag: expected {name} to have one of the following scalar types: Long, "
+                                f"Int; but got {_scalar(t)}")
+
+
 def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor | None = None,
                   mode: str = "sum", per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Deterministic ``torch.nn.functional.embedding_bag`` for ``mode="sum"`` and ``"mean"``.
@@ -403,15 +583,12 @@ def embedding_bag(input: torch.Tensor, weight: torch.Tensor, offsets: torch.Tens
                                      "(PyTorch raises for mode='max' backward on CUDA under deterministic mode)")
     if per_sample_weights is not None and mode != "sum":
         raise UnsupportedOptionError(f"embedding_bag: per_sample_weights need mode='sum', got mode={mode!r}")
+    _bag_checks(input, offsets)
     if input.dim() == 2:
-        if offsets is not None:
-            raise ReproError("embedding_bag: offsets must be None when input is 2-D (one bag per row)")
         offsets = torch.arange(0, input.numel(), max(input.shape[1], 1), device=input.device)[: input.shape[0]]
         input = input.reshape(-1)
         per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-    elif input.dim() != 1 or offsets is None:
-        raise ReproError(f"embedding_bag: expected a 1-D input with offsets or a 2-D input, got a "
-                         f"{input.dim()}-D input and offsets={'None' if offsets is None else 'a tensor'}")
+    assert offsets is not None
     return _EmbeddingBag.apply(input.to(torch.int64), weight, offsets.to(torch.int64), mode, per_sample_weights)
 
 
@@ -497,8 +674,9 @@ def _output_size(x: torch.Tensor, weight: torch.Tensor, stride: list[int], paddi
     sizes = tuple((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
                   + output_padding[i] + 1 for i in range(2))
     if min(sizes) < 1:
-        raise ReproError(f"conv_transpose2d: an input of {x.shape[2]}x{x.shape[3]} gives an output of "
-                         f"{sizes[0]}x{sizes[1]}; use less padding or a larger input")
+        raise ArgumentError(f"conv_transpose2d: Given input size per channel: ({x.shape[2]} x {x.shape[3]}). "
+                            f"Calculated output size per channel: ({sizes[0]} x {sizes[1]}). Output size is too "
+                            "small; use less padding or a larger input")
     return sizes[0], sizes[1]
 
 
@@ -530,6 +708,54 @@ def _subpixel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
 
 _CONSTRUCTIONS = ("native", "zero_insertion", "subpixel")
 
+# PyTorch's checks of a transposed convolution's parameters: name, smallest value it accepts, its message.
+_CONV_LIMITS = (
+    ("padding", 0, "negative padding is not supported"),
+    ("output_padding", 0, "negative output_padding is not supported"),
+    ("stride", 1, "non-positive stride is not supported"),
+    ("dilation", 1, "dilation should be greater than zero"),
+)
+
+
+def _conv_params(**params: Any) -> dict[str, list[int]]:
+    """Each parameter as a list of 2 ints (an int is used for both dims), as PyTorch requires."""
+    found = {name: list(_pair(value)) for name, value in params.items()}
+    for name, value in found.items():
+        if len(value) != 2:
+            raise ArgumentError(f"conv_transpose2d: expected {name} to be a single integer value or a list of 2 "
+                                f"values to match the convolution dimensions, but got {name}={value}")
+    return found
+
+
+def _conv_checks(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, params: dict[str, list[int]],
+                 groups: int) -> None:
+    """What PyTorch's convolution checks before computing (the other constructions call it on other shapes)."""
+    for name, low, message in _CONV_LIMITS:
+        if min(params[name]) < low:
+            raise ArgumentError(f"conv_transpose2d: {message}, got {name}={params[name]}")
+    if groups <= 0:
+        raise ArgumentError(f"conv_transpose2d: non-positive groups is not supported, got groups={groups}")
+    if weight.dim() != 4:
+        raise ArgumentError(f"conv_transpose2d: expected a 4-D weight (in_channels, out_channels/groups, kH, kW), "
+                            f"got shape {list(weight.shape)}")
+    if any(op >= s and op >= d for op, s, d in zip(params["output_padding"], params["stride"], params["dilation"])):
+        raise ArgumentError(f"conv_transpose2d: output padding must be smaller than either stride or dilation, but "
+                            f"got output_padding={params['output_padding']}, stride={params['stride']}, "
+                            f"dilation={params['dilation']}")
+    given = f"conv_transpose2d: Given transposed=1, weight of size {list(weight.shape)}"
+    if weight.shape[0] % groups:
+        raise ArgumentError(f"conv_transpose2d: Given groups={groups}, expected weight to be divisible by {groups} "
+                            f"at dimension 0, but got weight of size {list(weight.shape)} instead")
+    if x.shape[1] != weight.shape[0]:
+        raise ArgumentError(f"{given}, expected input{list(x.shape)} to have {weight.shape[0]} channels, but got "
+                            f"{x.shape[1]} channels instead")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[1] * groups):
+        raise ArgumentError(f"{given}, expected bias to be 1-dimensional with {weight.shape[1] * groups} elements, "
+                            f"but got bias of size {list(bias.shape)} instead")
+    for other in (weight, bias):
+        if other is not None and other.dtype != x.dtype:
+            raise ArgumentError(f"conv_transpose2d: expected scalar type {_scalar(x)} but found {_scalar(other)}")
+
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
@@ -548,14 +774,22 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if construction not in _CONSTRUCTIONS:
         raise UnsupportedOptionError(f"conv_transpose2d: construction={construction!r}; expected one of "
                                      f"{', '.join(_CONSTRUCTIONS)}")
-    if input.dim() != 4:
-        raise ReproError(f"conv_transpose2d: input must be 4-D (N, C, H, W), got shape {tuple(input.shape)}")
-    stride, padding, output_padding, dilation = (list(_pair(v)) for v in (stride, padding, output_padding,
-                                                                          dilation))
-    if construction != "native":
-        _output_size(input, weight, stride, padding, output_padding, dilation)  # the same check as PyTorch's
-    if construction == "zero_insertion":
-        return _zero_insertion(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    if construction == "subpixel":
-        return _subpixel(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    return _Convolution.apply(input, weight, bias, (stride, padding, dilation, True, output_padding, groups))
+    if input.dim() not in (3, 4):
+        raise ArgumentError(f"conv_transpose2d: Expected 3D (unbatched) or 4D (batched) input to conv_transpose2d, "
+                            f"but got input of size: {list(input.shape)}")
+    if input.dim() == 3:  # unbatched (C, H, W), as PyTorch accepts
+        return conv_transpose2d(input.unsqueeze(0), weight, bias, stride, padding, output_padding, groups, dilation,
+                                construction=construction).squeeze(0)
+    params = _conv_params(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
+    if construction != "native":  # PyTorch's convolution checks the native construction's arguments itself
+        _conv_checks(input, weight, bias, params, groups)
+        _output_size(input, weight, **params)
+    return _CONSTRUCTION_OF[construction](input, weight, bias, groups=groups, **params)
+
+
+def _native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: list[int],
+            padding: list[int], output_padding: list[int], groups: int, dilation: list[int]) -> torch.Tensor:
+    return _Convolution.apply(x, weight, bias, (stride, padding, dilation, True, output_padding, groups))
+
+
+_CONSTRUCTION_OF = {"native": _native, "zero_insertion": _zero_insertion, "subpixel": _subpixel}
