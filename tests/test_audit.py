@@ -5,16 +5,19 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import torchrepro
-from torchrepro.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, evaluate
+from torchrepro.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, audit_recorded, evaluate
 from torchrepro.cli import main
 from torchrepro.envinfo import NOT_AVAILABLE, environment
+from torchrepro.errors import RunDirError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -181,9 +184,9 @@ def test_audit_command_json_and_exit_code(capsys):
 
 
 # --- scripts, through the launcher ----------------------------------------------------------------------
-def audit_script(script: str, tmp_path: Path, **env: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "audit", "--json", "--", "python", str(SCRIPTS / script)],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env})
+def audit_script(script: str, tmp_path: Path, args: tuple[str, ...] = (), **env: str) -> tuple[int, dict, str]:
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "audit", "--json", "--", "python", str(SCRIPTS / script),
+                        *args], capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **env})
     return p.returncode, json.loads(p.stdout), p.stderr
 
 
@@ -216,3 +219,44 @@ def test_audit_of_a_failing_script_is_an_error(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 2
     assert "failed with exit code 1 before it could be audited" in p.stderr
+
+
+def test_audit_of_a_script_that_ends_in_os_exit(tmp_path):
+    code, doc, err = audit_script("os_exit.py", tmp_path, args=("0",), PYTHONHASHSEED="0")
+    assert code == 1, err  # deterministic mode is off
+    items = {i["id"]: i for i in doc["items"]}
+    assert items["rng-seeds"]["state"] == ("seeded before the first step by torch.cuda.manual_seed_all, "
+                                           "torch.manual_seed")
+    assert doc["notes"] == ["The script ended before its first training step; it was audited at its end."]
+
+
+def test_a_recorded_manifest_without_environment_is_a_clear_error():
+    with pytest.raises(RunDirError, match=r"^run/manifest.json: has no 'environment' \(the script ended before "
+                                          r"torchrepro could record it"):
+        audit_recorded({"command": ["python", "t.py"], "steps": 0}, launch_env={}, source="run/manifest.json")
+
+
+def test_audit_interrupted_does_not_name_the_directory_it_removed(tmp_path):
+    pidfile, tmp = tmp_path / "pid", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "audit", "--", "python", str(SCRIPTS / "waits.py"),
+                             str(pidfile)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 120
+    while not pidfile.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.endswith(f"torchrepro: interrupted by SIGTERM: stopped the script `python {SCRIPTS / 'waits.py'} "
+                           f"{pidfile}` before it could be audited; nothing was kept.\n"), stderr
+    assert list(tmp.iterdir()) == []  # its temporary recording is gone, and no message names it
+
+
+def test_audit_prints_recorded_values_escaped(monkeypatch, capsys):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "\x1b[31mred\x1b[0m\u202e")
+    main(["audit"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "\\x1b[31mred\\x1b[0m\\u202e" in out

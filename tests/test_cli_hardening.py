@@ -195,6 +195,58 @@ def test_script_dies_with_a_killed_parent(tmp_path):
     assert _gone(child), "the training script outlived a SIGKILLed torchrepro"
 
 
+def _wait_for_ranks(pid_dir: Path, proc: subprocess.Popen, nproc: int, timeout: float = 120) -> list[int]:
+    """The pids of every rank of ``forever_ranks.py`` and of torchrun (their parent), once all ranks run."""
+    files = [pid_dir / f"rank{r}.json" for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    while not all(f.exists() for f in files):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the ranks did not start"
+        time.sleep(0.1)
+    docs = [json.loads(f.read_text()) for f in files]
+    assert len({d["parent"] for d in docs}) == 1 and docs[0]["parent"] != proc.pid  # torchrun between us
+    return [d["pid"] for d in docs] + [docs[0]["parent"]]
+
+
+def test_torchrun_and_every_rank_die_with_a_killed_parent(tmp_path):
+    proc = subprocess.Popen([*TORCHREPRO, "check", "--out", str(tmp_path / "out"), "--nproc-per-node", "2", "--",
+                             "python", str(SCRIPTS / "forever_ranks.py"), str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = _wait_for_ranks(tmp_path, proc, 2)
+    proc.kill()  # SIGKILL: torchrun and the ranks (its children, in their own session) must follow
+    proc.wait()
+    alive = [pid for pid in pids if not _gone(pid)]
+    assert not alive, f"outlived a SIGKILLed torchrepro: {alive} of ranks+torchrun {pids}"
+
+
+def test_sigterm_on_the_torchrun_path_stops_every_rank_and_exits_143(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*TORCHREPRO, "check", "--out", str(out), "--", "torchrun", "--nproc-per-node", "2",
+                             str(SCRIPTS / "forever_ranks.py"), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = _wait_for_ranks(tmp_path, proc, 2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    alive = [pid for pid in pids if not _gone(pid)]
+    assert not alive, f"outlived torchrepro: {alive} of ranks+torchrun {pids}"
+    assert "interrupted by SIGTERM" in stderr and str(out / "run1") in stderr
+    manifest = json.loads((out / "run1" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["interrupted_by"] == "SIGTERM"
+
+
+def test_check_of_a_script_that_ends_in_os_exit(tmp_path):
+    out = tmp_path / "out"
+    p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "os_exit.py"), "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.startswith(f"torchrepro: IDENTICAL - 2 runs of `python {SCRIPTS / 'os_exit.py'} 2`, 2 steps "
+                               "each; every recorded loss"), p.stdout
+    assert "Environment: not compared" not in p.stdout and "older torchrepro" not in p.stdout
+    manifest = json.loads((out / "run1" / "manifest.json").read_text())
+    assert manifest["environment"]["schema"] == "torchrepro.env/1" and manifest["fingerprint_algorithm"]
+    assert (manifest["steps"], manifest["backward_calls"], manifest["child_exit_code"]) == (2, 2, 0)
+
+
 # --- the command line -------------------------------------------------------------------------------------
 def test_pythonhashseed_is_overridden_and_said(tmp_path):
     p = cli("run", "--", "python", str(SCRIPTS / "show_env.py"), env={"PYTHONHASHSEED": "random"})

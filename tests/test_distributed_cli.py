@@ -14,7 +14,8 @@ from torchrepro.cli import main
 from torchrepro.errors import RunDirError
 from torchrepro.launcher import CommandError, parse_torchrun_command, ranks_command, torchrun_failures
 from torchrepro.outdir import check_run_dir
-from torchrepro.store import load_ranks, load_run
+from torchrepro.rankcompare import rank_desync
+from torchrepro.store import Run, load_ranks, load_run
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "ddp_train.py")
 LIMIT_S = 300
@@ -100,6 +101,20 @@ def test_check_when_a_rank_exits_early_names_it_and_shows_its_stderr(tmp_path):
     assert not (out / "run2").exists()
 
 
+def test_a_rank_that_exits_0_early_is_named_not_the_peer_left_waiting(tmp_path):
+    out = tmp_path / "out"
+    p = torchrepro("check", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT, "--steps", "3",
+                   "--exit-rank", "1", "--exit-step", "1", "--exit-code", "0", "--timeout", "60")
+    assert p.returncode == 2, p.stdout + p.stderr
+    top = json.loads((out / "run1" / "manifest.json").read_text())
+    assert top["ended_early"] == [1] and top["failed_rank"] == 0, top
+    assert [top["rank_status"][f"rank{r}"]["steps"] for r in (0, 1)] == [1, 1]
+    assert ("run 1 of 2 failed: rank 1 ended early (exit code 0 after 1 step) while rank 0 was still running; "
+            "then rank 0 failed (1) after 1 step: RuntimeError: ") in p.stderr
+    assert "A rank that ends before the others leaves them waiting in collectives" in p.stderr
+    assert "rank 0 exited with code" not in p.stderr
+
+
 def test_run_records_each_rank_and_stops_every_rank_at_max_steps(tmp_path):
     record = tmp_path / "rec"
     p = torchrepro("run", "--json", "--record", str(record), "--max-steps", "2", "--seed", "3", "--", "torchrun",
@@ -172,3 +187,24 @@ def test_locate_with_ranks_is_refused_before_anything_runs(tmp_path, capsys):
     assert rc == 2
     assert "--locate does not trace runs of several ranks yet" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _rank(steps: int) -> Run:
+    """A rank's run with ``steps`` identical optimizer steps (no initial parameters recorded)."""
+    return Run(Path("rank"), {}, [{"kind": "step", "step": k, "params": {"w": "same"}} for k in range(1, steps + 1)])
+
+
+@pytest.mark.parametrize("counts, early, reference, text", [
+    ([1, 3], [0], [1], "run 1: rank 0 stopped early: the ranks ran different numbers of steps (rank 0: 1, "
+                       "rank 1: 3)"),
+    ([3, 1], [1], [0], "run 1: rank 1 stopped early: the ranks ran different numbers of steps (rank 0: 3, "
+                       "rank 1: 1)"),
+    ([1, 3, 3], [0], [1, 2], "run 1: rank 0 stopped early: the ranks ran different numbers of steps (rank 0: 1, "
+                             "rank 1: 3, rank 2: 3)"),
+    ([2, 1, 3], [0, 1], [2], "run 1: rank 0 and rank 1 stopped early: the ranks ran different numbers of steps "
+                             "(rank 0: 2, rank 1: 1, rank 2: 3)"),
+])
+def test_a_rank_that_ran_fewer_steps_is_the_one_named(counts, early, reference, text):
+    d = rank_desync([_rank(c) for c in counts])
+    assert d is not None and (d.kind, d.step, d.ranks, d.reference) == ("steps", min(counts) + 1, early, reference)
+    assert d.describe() == text

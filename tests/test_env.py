@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import torchrepro
+from torchrepro._table import printable
 from torchrepro.cli import main
+from torchrepro.cli.check_cmd import EnvironmentDifferences
 from torchrepro.determinism import current_config
 from torchrepro.envdiff import BENIGN, BREAKS, MAY, RANK_TABLE, RANKS, diff_environments, rank_of
 from torchrepro.envinfo import ENV_VARS, NOT_AVAILABLE, SCHEMA, Environment, environment
@@ -336,3 +338,45 @@ def test_env_command_leaves_out_user_and_home(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "4711" not in p.stdout and str(tmp_path) not in p.stdout
     assert json.loads(p.stdout)["env"]["NCCL_DEBUG_FILE"] == "~/nccl.log"
+
+
+# --- recorded strings are printed escaped ------------------------------------------------------------------------
+EVIL = "\x1b[31mred\x1b[0m\u202eevil\n"
+EVIL_SHOWN = "\\x1b[31mred\\x1b[0m\\u202eevil\\n"
+
+
+@pytest.mark.parametrize("text, shown", [
+    (EVIL, EVIL_SHOWN), ("tab\there\r", "tab\\there\\r"), ("\u2066iso\u2069 \u200f", "\\u2066iso\\u2069 \\u200f"),
+    ("bad\udcffbyte\x7f\x85", "bad\\udcffbyte\\x7f\\x85"), ("line\u2028sep", "line\\u2028sep"),
+    ("café 2.13.0 ✓ 日本", "café 2.13.0 ✓ 日本"), ("", ""),
+])
+def test_printable_escapes_control_and_bidi_characters(text, shown):
+    assert printable(text) == shown
+
+
+def test_env_prints_recorded_values_escaped(monkeypatch, capsys):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", EVIL)
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("env.CUBLAS_WORKSPACE_CONFIG ")] == [
+        EVIL_SHOWN]
+
+
+def test_env_diff_and_check_print_recorded_values_escaped(tmp_path, capsys, env_doc):
+    plain = _with(env_doc, "env.CUBLAS_WORKSPACE_CONFIG", None)
+    a = _write(tmp_path / "a.json", plain)
+    evil_doc = _with(_with(plain, "env.CUBLAS_WORKSPACE_CONFIG", EVIL), "env.OMP_\x1b[2JNUM_THREADS", "1\u202e")
+    b = _write(tmp_path / "b.json", evil_doc)
+    assert main(["env", "diff", a, b]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert f"    env.CUBLAS_WORKSPACE_CONFIG  unset → {EVIL_SHOWN}" in out
+    assert "    env.OMP_\\x1b[2JNUM_THREADS" in out and "unset → 1\\u202e" in out
+    # check prints the same differences of its runs' environments
+    diff = diff_environments(plain, evil_doc, label_a="run 1", label_b="run 2")
+    text = EnvironmentDifferences(diff).render("identical")
+    assert f"env.CUBLAS_WORKSPACE_CONFIG  unset → {EVIL_SHOWN}" in text and "\x1b" not in text
+    shorts = [c.short() for c in diff.changes if c.key.startswith("env.")]  # in the verdict notes
+    assert sorted(shorts) == [f"CUBLAS_WORKSPACE_CONFIG unset → {EVIL_SHOWN}",
+                              "OMP_\\x1b[2JNUM_THREADS unset → 1\\u202e"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import unicodedata
 
 
 def render_table(headers: list[str], rows: list[list[str]], *, right: set[int] | frozenset[int] = frozenset(),
@@ -32,3 +33,28 @@ def _plain(headers: list[str], rows: list[list[str]], right: set[int] | frozense
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     return "\n".join(line(r).rstrip() for r in [headers, *rows])
+
+
+# Characters that a terminal acts on or that reorder what is shown: controls (ANSI escapes, newlines), format
+# characters (bidi overrides and isolates, zero-width marks), line/paragraph separators, lone surrogates.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print: control, bidi/format and separator characters escaped as Python would write them.
+
+    For strings torchrepro did not write itself (recorded environment values, variable names, file contents):
+
+    >>> printable("\\x1b[31mred\\u202e")
+    '\\\\x1b[31mred\\\\u202e'
+    """
+    if text.isprintable():
+        return text
+    return "".join(_escape(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    long = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    return _SHORT_ESCAPES.get(ch, long)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .envinfo import NOT_AVAILABLE, environment, launch_environ
+from .errors import RunDirError
 
 SCHEMA = "torchrepro.audit/1"
 OK, INFO, ADVICE, THREAT = "ok", "info", "advice", "threat"
@@ -361,12 +362,20 @@ def audit() -> AuditReport:
     return AuditReport("process", evaluate(facts))
 
 
-def audit_recorded(manifest: dict[str, Any], *, launch_env: dict[str, str]) -> AuditReport:
+def audit_recorded(manifest: dict[str, Any], *, launch_env: dict[str, str],
+                   source: str = "manifest.json") -> AuditReport:
     """Judge a script from its run manifest (recorded with the launcher's probe up to its first step).
 
-    ``launch_env`` is the environment the user launches the script from (for PYTHONHASHSEED).
+    ``launch_env`` is the environment the user launches the script from (for PYTHONHASHSEED); ``source`` names
+    the manifest in errors (RunDirError when it lacks the recorded environment).
     """
-    facts = Facts(env=manifest["environment"], context="script", probe=manifest.get("audit_probe") or {},
+    env = manifest.get("environment")
+    if not isinstance(env, dict):
+        raise RunDirError(source, "has no 'environment' (the script ended before torchrepro could record it, e.g. "
+                          "killed or crashed in C code, or the manifest was edited).",
+                          "Make sure the script runs to its first step on its own, then audit it again.")
+    probe = manifest.get("audit_probe")
+    facts = Facts(env=env, context="script", probe=probe if isinstance(probe, dict) else {},
                   launch_env=launch_env, launch_seed=manifest.get("seed"))
     report = AuditReport("script", evaluate(facts), command=list(manifest.get("command") or []))
     if not manifest.get("steps"):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ._readjson import read_json
+from ._table import printable
 from .compare import command_key
 from .envinfo import CPU_FEATURES, SCHEMA, Environment
 from .errors import EnvFileError, RunDirError, TracesNotComparableError
@@ -178,7 +179,7 @@ def _fmt(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return "on" if value else "off"
-    return value if isinstance(value, str) else json.dumps(value)
+    return printable(value) if isinstance(value, str) else json.dumps(value)
 
 
 _MISSING = object()
@@ -196,7 +197,7 @@ class EnvChange:
 
     @property
     def label(self) -> str:
-        return _LABELS.get(self.key) or self.key.removeprefix("env.")
+        return _LABELS.get(self.key) or printable(self.key.removeprefix("env."))
 
     def short(self) -> str:
         """``torch 2.12.0 → 2.13.0``, ``AVX-512 off``, ``OMP_NUM_THREADS 1 → 2``."""

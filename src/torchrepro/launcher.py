@@ -143,10 +143,14 @@ _TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": 
                      "virtual_local_rank": (False,)}
 
 
+TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.launcher torchrun ARGS``: torch.distributed.run, tied to us
+
+
 def torchrun_command(target: Target, nproc_per_node: int) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher."""
-    return [target.interpreter, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-            "--no-python", *target.child_command()]
+    """``torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher, run by
+    :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro)."""
+    return [target.interpreter, *target.python_flags, "-m", "torchrepro.launcher", TORCHRUN_KIND, "--standalone",
+            f"--nproc-per-node={nproc_per_node}", "--no-python", *target.child_command()]
 
 
 def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
@@ -251,8 +255,7 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
     if opts.deterministic:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env[CONFIG_ENV] = json.dumps(asdict(opts))
-    if not opts.nproc_per_node:  # under torchrun the ranks' parent is torchrun, which they die with
-        env[PARENT_ENV] = str(os.getpid())
+    env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
     return env
 
 
@@ -472,7 +475,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         rank_dir = record / f"rank{r}"
         rank_dir.mkdir(exist_ok=True)
         code, ended = _rank_exit(rank_dir, reported, r)
-        if ended is not None and code:
+        if ended is not None:
             ends[r] = ended
         sub = dataclasses.replace(opts, record=str(rank_dir), nproc_per_node=None)
         rank_rc = code if code is not None else (rc if rc else 0)
@@ -481,7 +484,9 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         ranks[f"rank{r}"] = {"exit_code": code, "status": res.status if code is not None or not rc else "stopped",
                              "steps": (res.manifest or {}).get("steps", 0)}
     failed = [int(k[4:]) for k, v in ranks.items() if v["status"] not in ("ok", "stopped-at-max-steps")]
-    first = root if root is not None else (min(ends, key=ends.get) if ends else (failed[0] if failed else None))
+    failed_ends = {r: ends[r] for r in failed if r in ends}
+    first = root if root is not None else (min(failed_ends, key=failed_ends.get) if failed_ends else
+                                           (failed[0] if failed else None))
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and ranks and all(v["status"] == "stopped-at-max-steps" for v in ranks.values()):
         status = "stopped-at-max-steps"
@@ -492,11 +497,21 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
+        "ended_early": ended_early(ranks, ends, failed),
         "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
         "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
         "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
     })
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+def ended_early(ranks: dict[str, dict[str, Any]], ends: dict[int, float], failed: list[int]) -> list[int]:
+    """The ranks that exited 0 (not at --max-steps) before any failed rank ended: the others were left waiting."""
+    if not failed:
+        return []
+    first_failure = min((ends[r] for r in failed if r in ends), default=float("inf"))
+    return [r for r in range(len(ranks))
+            if ranks[f"rank{r}"]["status"] == "ok" and ends.get(r, first_failure) < first_failure]
 
 
 class _StepCounter:
@@ -577,7 +592,8 @@ def peak_memory() -> dict[str, Any]:
 
 
 def _die_with_parent(parent: int | None) -> None:
-    """Linux: get SIGTERM when the torchrepro parent dies (even by SIGKILL), so the script never outlives it."""
+    """Linux: get SIGTERM when the parent dies (even by SIGKILL): torchrepro, or torchrun for a rank (``parent``
+    is that pid, to catch a parent that died before the call), so the script never outlives torchrepro."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -588,6 +604,25 @@ def _die_with_parent(parent: int | None) -> None:
         return
     if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _torchrun_main(args: list[str]) -> int:
+    """Run ``torch.distributed.run ARGS`` in this process, which dies with the torchrepro parent.
+
+    Linux: torchrun gets SIGTERM when torchrepro dies (even by SIGKILL) and stops its ranks; each rank, in a
+    session of its own, gets SIGTERM when torchrun dies (:func:`_die_with_parent`, given torchrun's pid here).
+    """
+    _die_with_parent(_parent_pid())
+    os.environ[PARENT_ENV] = str(os.getpid())
+    sys.argv = ["torchrun", *args]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _parent_pid() -> int | None:
+    """The pid of the process this one must die with (``TORCHREPRO_PARENT_PID``, removed from the environment)."""
+    value = os.environ.pop(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
 
 
 def _redirect_output(rank_dir: Path) -> None:
@@ -617,16 +652,16 @@ def _run_code(code: str) -> None:
 
 
 def _child_main(argv: list[str]) -> int:
-    _die_with_parent(int(os.environ.pop(PARENT_ENV)) if os.environ.get(PARENT_ENV, "").isdigit() else None)
+    _die_with_parent(_parent_pid())
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
         opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
         if opts.rank_output:
             _redirect_output(Path(opts.record))
     from . import determinism, seeding
-    from .envinfo import ScriptProbe, environment_summary
+    from .envinfo import ScriptProbe
     from .record import MaxStepsReached, Recorder
-    from .workdir import READS_KEY, ReadAudit
+    from .workdir import ReadAudit
 
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
@@ -643,6 +678,9 @@ def _child_main(argv: list[str]) -> int:
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
                             trace_mode=opts.trace_mode, timing=opts.timing).install()
     audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
+    end = _ChildEnd(recorder, probe, audit, opts.record)
+    if recorder is not None:
+        _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
@@ -668,21 +706,54 @@ def _child_main(argv: list[str]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        if recorder is not None and not recorder.forked:  # a forked child that returned: the parent records
-            summary = recorder.finish()
-            summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
-            summary["environment"] = environment_summary()
-            if probe is not None:
-                summary["audit_probe"] = probe.facts()
-            summary["peak_memory"] = peak_memory()
-            if audit is not None:
-                summary[READS_KEY] = audit.facts()
-            summary["torch"] = sys.modules["torch"].__version__
-            summary["child_exit_code"], summary["child_ended"] = code, time.time()
-            atomic_write_json(Path(opts.record) / "child.json", summary)  # type: ignore[arg-type]
+        end(code, stopped)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+@dataclass
+class _ChildEnd:
+    """Writes the child's summary (``child.json``: what the recorder saw, the environment, the exit code) once,
+    in the launched process only: when the script ends, or from ``os._exit`` (which skips ``finally``)."""
+
+    recorder: Any
+    probe: Any  # envinfo.ScriptProbe or None
+    audit: Any  # workdir.ReadAudit or None
+    record: str | None
+    pid: int = field(default_factory=os.getpid)
+    written: bool = False
+
+    def __call__(self, code: int, stopped: bool) -> None:
+        if self.recorder is None or self.recorder.forked or self.written or os.getpid() != self.pid:
+            return  # a forked child that returned or called os._exit: the parent records
+        self.written = True
+        from .envinfo import environment_summary
+        from .workdir import READS_KEY
+
+        summary = self.recorder.finish()
+        summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
+        summary["environment"] = environment_summary()
+        if self.probe is not None:
+            summary["audit_probe"] = self.probe.facts()
+        summary["peak_memory"] = peak_memory()
+        if self.audit is not None:
+            summary[READS_KEY] = self.audit.facts()
+        summary["torch"] = sys.modules["torch"].__version__
+        summary["child_exit_code"], summary["child_ended"] = code, time.time()
+        atomic_write_json(Path(str(self.record)) / "child.json", summary)
+
+
+def _write_summary_on_os_exit(end: _ChildEnd) -> None:
+    """Make ``os._exit(status)`` in this process write the summary first; a forked child's exits as before."""
+    real_exit = os._exit
+
+    def _exit(status: int) -> None:
+        with contextlib.suppress(BaseException):  # the script asked to exit now: it does, summary or not
+            end(status, False)
+        real_exit(status)
+
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def freeze_heap() -> None:
@@ -698,4 +769,4 @@ def freeze_heap() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(_torchrun_main(sys.argv[2:]) if sys.argv[1:2] == [TORCHRUN_KIND] else _child_main(sys.argv[1:]))

@@ -40,7 +40,7 @@ class Desync:
     step: int
     kind: str
     names: list[str]
-    ranks: list[int]  # the ranks that differ from the reference ranks (for the first name)
+    ranks: list[int]  # the ranks that differ from the reference ranks (for the first name; "steps": ran fewer)
     reference: list[int]
     compared: int = 0  # tensors compared at that step
 
@@ -52,7 +52,8 @@ class Desync:
         them = " and ".join(f"rank {r}" for r in self.ranks)
         ref = " and ".join(f"rank {r}" for r in self.reference)
         if self.kind == "steps":
-            return f"run {self.run}: the ranks ran different numbers of steps ({', '.join(self.names)})"
+            return (f"run {self.run}: {them} stopped early: the ranks ran different numbers of steps "
+                    f"({', '.join(self.names)})")
         shown = ", ".join(self.names[:3]) + (f" (+{len(self.names) - 3} more)" if len(self.names) > 3 else "")
         where = "in the initial parameters" if self.step == 0 else f"at step {self.step}"
         return f"run {self.run}: {them} {'differs' if len(self.ranks) == 1 else 'differ'} from {ref} {where}: " \
@@ -110,12 +111,17 @@ def rank_desync(ranks: list[Run], run: int = 1) -> Desync | None:
             found = _first_difference([s[k].get(kind) or {} for s in steps], kind, unreplicated)
             if found:
                 return Desync(run, k + 1, kind, found[0], found[1], found[2], found[3])
-    counts = [len(s) for s in steps]
-    grouped = _groups(counts)
-    if grouped is not None:
-        return Desync(run, min(counts) + 1, "steps", [f"rank {r}: {c}" for r, c in enumerate(counts)],
-                      grouped[1], grouped[0])
-    return None
+    return _steps_desync([len(s) for s in steps], run)
+
+
+def _steps_desync(counts: list[int], run: int) -> Desync | None:
+    """Ranks that ran different numbers of steps: those that ran fewer than the most stopped early (named)."""
+    most = max(counts)
+    if min(counts) == most:
+        return None
+    early = [r for r, c in enumerate(counts) if c < most]
+    return Desync(run, min(counts) + 1, "steps", [f"rank {r}: {c}" for r, c in enumerate(counts)], early,
+                  [r for r, c in enumerate(counts) if c == most])
 
 
 @dataclass

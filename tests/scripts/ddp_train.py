@@ -3,6 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/scripts/ddp_train.py [--steps N]
         [--perturb-rank R --perturb-step K]   rank R nudges fc1.weight just before optimizer step K
         [--exit-rank R --exit-step K]         rank R exits (code 3) after optimizer step K, before its check
+        [--exit-code C]                       ... with exit code C instead (0: a rank that stops early)
         [--check-every N]                     torchrepro.distributed.check_consistency every N steps
         [--save DIR --save-at K] [--resume DIR]  per-rank checkpoints (bitwise resume)
         [--out DIR]                           write DIR/rank{R}.json: dropout masks and final fingerprints
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--perturb-step", type=int, default=-1)
     p.add_argument("--exit-rank", type=int, default=-1)
     p.add_argument("--exit-step", type=int, default=-1)
+    p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--check-every", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--save")
@@ -81,7 +83,7 @@ def main() -> int:
         opt.step()
         if step == args.exit_step and rank == args.exit_rank:  # before the check: the others wait for it there
             print(f"rank {rank} exits early at step {step}", file=sys.stderr, flush=True)
-            sys.exit(3)
+            sys.exit(args.exit_code)
         if args.check_every and step % args.check_every == 0:
             report = check_consistency(ddp, opt, step=step, timeout=args.timeout)
             print(report.summary(), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._table import printable
 from ..compare import LABELS, CheckResult
 
 
@@ -186,7 +187,7 @@ def render_env_diff(diff: Any, *, title: str | None = None) -> str:
     from ..envdiff import RANK_TITLES, RANKS
 
     counts = ", ".join(f"{RANK_TITLES[r]} {len(diff.of_rank(r))}" for r in RANKS if diff.of_rank(r))
-    head = title or f"Environment differences ({diff.a} → {diff.b})"
+    head = title or f"Environment differences ({printable(diff.a)} → {printable(diff.b)})"
     if not diff.changes:
         return f"{head}: none (versions, hardware, threads, flags, seeds, variables and packages are the same)"
     lines = [f"{head}: {counts}"]
@@ -195,10 +196,10 @@ def render_env_diff(diff: Any, *, title: str | None = None) -> str:
         if not changes:
             continue
         lines.append(f"  {RANK_TITLES[rank].capitalize()}:")
-        width = min(34, max(len(c.key) for c in changes))
+        width = min(34, max(len(printable(c.key)) for c in changes))
         limit = ENV_TEXT_LIMIT[rank]
         for c in changes[:limit]:
-            lines.append(f"    {c.key:<{width}}  {c.values():<24}  {c.reason}")
+            lines.append(f"    {printable(c.key):<{width}}  {c.values():<24}  {c.reason}")
         if len(changes) > limit:
             lines.append(f"    ... {len(changes) - limit} more (--json lists every difference)")
     return "\n".join(lines)
@@ -213,13 +214,14 @@ def print_env_diff(diff: Any, *, title: str | None = None) -> None:
             raise ImportError
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         print(render_env_diff(diff, title=title))
         return
     from ..envdiff import RANK_TITLES, RANKS
 
     console = Console()
-    console.print(render_env_diff(diff, title=title).splitlines()[0], highlight=False)
+    console.print(render_env_diff(diff, title=title).splitlines()[0], highlight=False, markup=False)
     for rank, style in zip(RANKS, ("bold red", "yellow", "dim")):
         changes = diff.of_rank(rank)
         if changes:
@@ -228,6 +230,6 @@ def print_env_diff(diff: Any, *, title: str | None = None) -> None:
                           caption=f"... {more} more (--json lists every difference)" if more > 0 else None)
             for column in ("setting", "A → B", "why"):
                 table.add_column(column)
-            for c in changes[:ENV_TEXT_LIMIT[rank]]:
-                table.add_row(c.key, c.values(), c.reason)
+            for c in changes[:ENV_TEXT_LIMIT[rank]]:  # Text: recorded strings are not read as rich markup
+                table.add_row(Text(printable(c.key)), Text(c.values()), c.reason)
             console.print(table)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._table import printable
 from ..audit import AuditReport, audit, audit_recorded
-from ..errors import ScriptError
+from ..errors import Interrupted, ScriptError
 from ..launcher import LaunchOptions, launch, parse_python_command
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
@@ -37,28 +39,33 @@ def add_parser(sub: Any) -> None:
 
 def render_report(report: AuditReport) -> str:
     """The checklist as text: one line per item, then the state and fix of every finding."""
-    what = f"`{' '.join(report.command)}` at its first step" if report.command else "this environment"
+    what = f"`{printable(' '.join(report.command))}` at its first step" if report.command else "this environment"
     lines = [f"torchrepro audit of {what}: "
              + (f"{len(report.findings)} finding(s)" if report.findings else "no findings")]
-    for item in report.items:
+    for item in report.items:  # states and fixes quote recorded values (variables, seeds): printed escaped
         lines.append(f"  {_MARK[item.severity]}  {item.area:<31} {item.title}")
-        lines.append(f"          {item.state}")
+        lines.append(f"          {printable(item.state)}")
         if item.finding and item.fix:
-            lines.append(f"          fix: {item.fix}")
-    lines += [f"Note:  {note}" for note in report.notes]
+            lines.append(f"          fix: {printable(item.fix)}")
+    lines += [f"Note:  {printable(note)}" for note in report.notes]
     return "\n".join(lines)
 
 
 def _audit_script(command: list[str]) -> AuditReport:
     parse_python_command(command)
+    what = f"`{' '.join(command)}`"
     with tempfile.TemporaryDirectory(prefix="torchrepro-audit-") as tmp:
         record = Path(tmp) / "run"
-        result = launch(command, LaunchOptions(record=str(record), max_steps=1, audit=True), stdout=sys.stderr)
+        try:
+            result = launch(command, LaunchOptions(record=str(record), max_steps=1, audit=True), stdout=sys.stderr)
+        except Interrupted as exc:  # its partial recording is in the temporary directory, removed on the way out
+            name = signal.Signals(exc.signum).name
+            raise Interrupted(exc.signum, f"interrupted by {name}: stopped the script {what} before it could be "
+                              "audited; nothing was kept.") from None
         if result.returncode != 0 or result.manifest is None:
-            raise ScriptError(f"the script `{' '.join(command)}` failed with exit code {result.returncode} before "
-                              "it could be audited (its output is above). Fix it so that it runs on its own, then "
-                              "audit again.")
-        return audit_recorded(result.manifest, launch_env=dict(os.environ))
+            raise ScriptError(f"the script {what} failed with exit code {result.returncode} before it could be "
+                              "audited (its output is above). Fix it so that it runs on its own, then audit again.")
+        return audit_recorded(result.manifest, launch_env=dict(os.environ), source=f"the recording of {what}")
 
 
 def run(args: argparse.Namespace) -> int:

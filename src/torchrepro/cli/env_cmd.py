@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_write_json
+from .._table import printable
 from ..envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
 from ..envinfo import environment
 from ..errors import OutputDirError
@@ -61,6 +62,7 @@ def render_environment(doc: dict[str, Any]) -> str:
     in_path = [f"{name} {version}" for name, version in packages.items() if _compute_path(name)]
     rows.append(("packages", f"{len(packages)} installed; in the compute path: {', '.join(in_path) or 'none'} "
                              "(--json lists all)"))
+    rows = [(printable(k), printable(v)) for k, v in rows]  # recorded strings: no escapes reach the terminal
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
