@@ -1,4 +1,4 @@
-"""Cost of torchrepro.distributed.check_consistency next to a DDP training step, measured side by side.
+"""Cost of torchrepro.distributed.ranks.check_consistency next to a DDP training step, measured side by side.
 
 Two ranks (gloo, CPU, one thread each) train the bundled example CNN (examples/cnn_train.py, batch 32 per rank)
 with DistributedDataParallel. Target: checking every replicated tensor (parameters, buffers, gradients,
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _timing import interleaved  # noqa: E402
 from cnn_train import SmallCNN, synthetic_images  # noqa: E402
 
-from torchrepro.distributed import _collect, _fingerprints, check_consistency  # noqa: E402
+from torchrepro.distributed.ranks import _collect, _fingerprints, check_consistency  # noqa: E402
 
 WORLD = 2
 

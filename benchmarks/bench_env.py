@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import interleaved  # noqa: E402
 
-from torchrepro.envinfo import SECTIONS, _env, _git, _scrubber, environment  # noqa: E402
+from torchrepro.env.info import SECTIONS, _env, _git, _scrubber, environment  # noqa: E402
 
 TARGET_S = 1.0
 

@@ -25,8 +25,8 @@ from _timing import interleaved  # noqa: E402
 from cnn_train import SmallCNN  # noqa: E402
 
 from torchrepro import measure_nondeterminism  # noqa: E402
-from torchrepro.models import resnet18  # noqa: E402
-from torchrepro.record import Recorder  # noqa: E402
+from torchrepro.measure.models import resnet18  # noqa: E402
+from torchrepro.record.recorder import Recorder  # noqa: E402
 
 RUNS = 10
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _timing import interleaved  # noqa: E402
 from cnn_train import SmallCNN, synthetic_images  # noqa: E402
 
-from torchrepro.record import Recorder  # noqa: E402
+from torchrepro.record.recorder import Recorder  # noqa: E402
 
 
 def main() -> int:

@@ -29,7 +29,7 @@ def _measure(size: str) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from _timing import interleaved
 
-    from torchrepro.record import DEFAULT_VALUES_BUDGET, Recorder
+    from torchrepro.record.recorder import DEFAULT_VALUES_BUDGET, Recorder
 
     width, layers = SIZES[size]
     torch.manual_seed(0)

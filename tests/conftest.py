@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrepro.determinism import apply_config, current_config
+from torchrepro.control.determinism import apply_config, current_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

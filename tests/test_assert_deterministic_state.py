@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchrepro
-from torchrepro.errors import ReproError
+from torchrepro._core.errors import ReproError
 
 
 def _net() -> nn.Module:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro._io import atomic_write, atomic_write_bytes, stale_temps
+from torchrepro._core.errors import OutputDirError
+from torchrepro._core.io import atomic_write, atomic_write_bytes, stale_temps
 from torchrepro.cli import main
-from torchrepro.errors import OutputDirError
 
 
 def _fifo_reader(path: Path, got: list[bytes]) -> threading.Thread:

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from torchrepro.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, audit_recorded, evaluate
 
 import torchrepro
-from torchrepro.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, audit_recorded, evaluate
+from torchrepro._core.errors import RunDirError
 from torchrepro.cli import main
-from torchrepro.envinfo import NOT_AVAILABLE, environment
-from torchrepro.errors import RunDirError
+from torchrepro.env.info import NOT_AVAILABLE, environment
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

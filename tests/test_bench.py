@@ -12,7 +12,7 @@ import torch
 
 from torchrepro.cli import main
 from torchrepro.cli.bench_cmd import _Config, _results, render_bench
-from torchrepro.store import read_trace_lines
+from torchrepro.record.store import read_trace_lines
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TINY = ["python", str(SCRIPTS / "bench_tiny.py")]
@@ -69,7 +69,7 @@ def test_builtin_resnet18_times_fp32_and_bf16(tmp_path, capsys):
     assert rc == 0, doc
     assert [r["config"] for r in doc["results"]] == ["fp32 default", "bf16 default"]
     assert [r["baseline"] for r in doc["results"]] == ["fp32 default", "bf16 default"]  # each precision its own
-    assert doc["builtin"] == "resnet18" and doc["command"][1:3] == ["-m", "torchrepro.models"]
+    assert doc["builtin"] == "resnet18" and doc["command"][1:3] == ["-m", "torchrepro.measure.models"]
     for r in doc["results"]:
         manifest = json.loads((out / r["runs"][0] / "manifest.json").read_text())
         command = manifest["command"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro._io import atomic_write_json
-from torchrepro.errors import OutputDirError
-from torchrepro.outdir import lock_dir, unique_dir
+from torchrepro._core.errors import OutputDirError
+from torchrepro._core.io import atomic_write_json
+from torchrepro.record.outdir import lock_dir, unique_dir
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TORCHREPRO = [sys.executable, "-m", "torchrepro"]
@@ -342,7 +342,7 @@ def test_atomic_writes_respect_the_umask(tmp_path):
 
 def test_a_compiled_locate_rerun_directory_is_torchrepro_output(tmp_path):
     """`check --locate` on compiled code leaves compiled_graphs.json in its re-runs: a later check may replace them."""
-    from torchrepro.outdir import check_run_dir
+    from torchrepro.record.outdir import check_run_dir
 
     run = tmp_path / "run1"
     run.mkdir()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchrepro.compare import command_key, compare_runs, tensor_delta, ulp_distance
-from torchrepro.errors import RunDirError, RunsNotComparableError
-from torchrepro.store import TraceWriter, load_run, write_manifest
+from torchrepro._core.errors import RunDirError, RunsNotComparableError
+from torchrepro.analysis.compare import command_key, compare_runs, tensor_delta, ulp_distance
+from torchrepro.record.store import TraceWriter, load_run, write_manifest
 
 NAMES = ("fc.weight", "fc.bias")
 CMD = ("python", "train.py", "--lr", "0.1")

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
+from torchrepro.analysis.compilelocate import locate_compiled
 from torchrepro.cli._render import render_locate
-from torchrepro.compiled import CompileWatch
-from torchrepro.compilelocate import locate_compiled
+from torchrepro.record.compiled import CompileWatch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "compiled_embedding.py"
@@ -297,7 +297,7 @@ def test_locate_compiled_graph_level_and_nothing_captured():
 # --- compare: which region holds the divergence, gradient |Δ| from snapshots (hand-built run directories) ------
 def _runs_with_regions(tmp_path: Path, regions: list[dict], values: dict | None = None) -> list:
     from tests.test_compare import make_run
-    from torchrepro.store import load_run, write_manifest
+    from torchrepro.record.store import load_run, write_manifest
 
     names = ("_orig_mod.fc.weight", "head.weight")
     runs = [make_run(tmp_path, "a", names=names, values=(values or {}).get("a")),
@@ -314,7 +314,7 @@ MODULE_REGION = {"index": 0, "kind": "module", "target": "Net", "file": "train.p
 
 
 def test_compare_says_which_compiled_region_holds_the_divergent_tensors(tmp_path):
-    from torchrepro.compare import compare_runs
+    from torchrepro.analysis.compare import compare_runs
 
     r = compare_runs(_runs_with_regions(tmp_path / "in", [MODULE_REGION]))
     assert r.first_step == 2 and r.compiled["in_compiled_code"] is True and r.compiled["region"] == 0
@@ -330,7 +330,7 @@ def test_compare_says_which_compiled_region_holds_the_divergent_tensors(tmp_path
 
 
 def test_compare_gives_gradient_delta_and_says_when_its_size_is_unknown(tmp_path):
-    from torchrepro.compare import compare_runs
+    from torchrepro.analysis.compare import compare_runs
 
     g = torch.tensor([1.0, 2.0, 3.0, 4.0])
     values = {"a": {"grads_000002": {"_orig_mod.fc.weight": g, "head.weight": g}},
@@ -352,7 +352,7 @@ def test_compare_gives_gradient_delta_and_says_when_its_size_is_unknown(tmp_path
 @needs_threads
 def test_bisection_over_prefixes_finds_the_kernel_when_instrumentation_is_off(tmp_path):
     """The fallback for variation that needs the real fusions: compile shorter and shorter prefixes of the graph."""
-    from torchrepro.compiled import measure_graphs
+    from torchrepro.record.compiled import measure_graphs
 
     torch.set_num_threads(2)
     with CompileWatch(capture={"repeats": 8, "instrument": False}) as watch:

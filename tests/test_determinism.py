@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import torchrepro
-from torchrepro import determinism
-from torchrepro.errors import ReproWarning
+from torchrepro._core.errors import ReproWarning
+from torchrepro.control import determinism
 
 N = 2_000_000
 

@@ -1,4 +1,4 @@
-"""torchrepro.distributed on 2 real processes (gloo, CPU): rank-aware seeding, RNG sync, consistency checks,
+"""torchrepro.distributed.ranks on 2 real processes (gloo, CPU): rank-aware seeding, RNG sync, consistency checks,
 collective time limits, and the sharded ResumableLoader (single process, explicit ranks)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 import torchrepro
-from torchrepro import distributed as trd
-from torchrepro.errors import CollectiveError, RankMismatchError, ReproWarning
+from torchrepro._core.errors import CollectiveError, RankMismatchError, ReproWarning
+from torchrepro.distributed import ranks as trd
 
 from .conftest import run_python
 
@@ -251,7 +251,7 @@ def test_rank_seeding_identical_init_per_rank_dropout_repeatable(batch, tmp_path
     assert d0["mask"] != d1["mask"], "ranks drew the same dropout mask"
     for source in ("after", "python", "numpy", "workers"):
         assert d0[source] != d1[source], f"ranks drew the same {source} numbers"
-    assert d0["streams"]["dropout"] == torchrepro.seeding.stream_seed(0, "dropout", rank=0)
+    assert d0["streams"]["dropout"] == torchrepro.control.seeding.stream_seed(0, "dropout", rank=0)
     assert d1["streams"]["dropout"] == torchrepro.derive_seed(0, "dropout", "rank", 1)
     s0, s1 = a["all-shared"], b["all-shared"]
     assert s0["init"] == s1["init"] == d0["init"]
@@ -362,9 +362,9 @@ def test_rank_seeds_and_explicit_rank():
 
 
 def test_public_functions_survive_importing_their_submodules():
-    """``import torchrepro.distributed`` imports the ``fingerprint`` submodule: ``torchrepro.fingerprint`` must stay
-    the function (the package's lazy attributes must not be shadowed by submodules of the same name)."""
-    proc = run_python("import torchrepro.distributed, torchrepro.audit, torchrepro\n"
+    """Importing the modules that define ``fingerprint`` and ``audit`` leaves ``torchrepro.fingerprint`` and
+    ``torchrepro.audit`` the functions (the package's lazy attributes are not shadowed by submodules)."""
+    proc = run_python("import torchrepro.distributed.ranks, torchrepro._core.fingerprint, torchrepro.env.audit, torchrepro\n"
                       "print(callable(torchrepro.fingerprint), callable(torchrepro.audit))")
     assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
 

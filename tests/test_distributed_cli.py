@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from torchrepro._core.errors import RunDirError
+from torchrepro.analysis.rankcompare import rank_desync
 from torchrepro.cli import main
-from torchrepro.errors import RunDirError
-from torchrepro.launcher import CommandError, parse_torchrun_command, ranks_command, torchrun_failures
-from torchrepro.outdir import check_run_dir
-from torchrepro.rankcompare import rank_desync
-from torchrepro.store import Run, load_ranks, load_run
+from torchrepro.record.launcher import CommandError, parse_torchrun_command, ranks_command, torchrun_failures
+from torchrepro.record.outdir import check_run_dir
+from torchrepro.record.store import Run, load_ranks, load_run
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "ddp_train.py")
 LIMIT_S = 300

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import torchrepro
-from torchrepro._table import printable
+from torchrepro._core.errors import EnvFileError
+from torchrepro._core.table import printable
+from torchrepro.analysis.envdiff import BENIGN, BREAKS, MAY, RANK_TABLE, RANKS, diff_environments, rank_of
 from torchrepro.cli import main
-from torchrepro.cli.check_cmd import EnvironmentDifferences
-from torchrepro.determinism import current_config
-from torchrepro.envdiff import BENIGN, BREAKS, MAY, RANK_TABLE, RANKS, diff_environments, rank_of
-from torchrepro.envinfo import ENV_VARS, NOT_AVAILABLE, SCHEMA, Environment, environment
-from torchrepro.errors import EnvFileError
+from torchrepro.cli._checkrun import EnvironmentDifferences
+from torchrepro.control.determinism import current_config
+from torchrepro.env.info import ENV_VARS, NOT_AVAILABLE, SCHEMA, Environment, environment
 
 SECTIONS = {"schema", "torchrepro", "torch", "device_kind", "python", "platform", "torch_build", "cuda",
             "accelerators", "cpu", "config", "threads", "determinism", "precision", "backends", "env", "packages",
@@ -315,14 +315,14 @@ def test_run_without_a_fingerprint_is_named(tmp_path, env_doc):
     manifest = {"format": "torchrepro.run", "version": 1, "trace_records": 0, "environment": {"torch": "2.1.0"}}
     (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EnvFileError, match="has no environment in the 'torchrepro.env/1' format"):
-        torchrepro.envdiff.load_environment(run)
+        torchrepro.analysis.envdiff.load_environment(run)
     manifest["environment"] = {"schema": SCHEMA}
     (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EnvFileError, match=r"\(its 'environment'\): is not a complete environment"):
-        torchrepro.envdiff.load_environment(run / "manifest.json")
+        torchrepro.analysis.envdiff.load_environment(run / "manifest.json")
     manifest["environment"] = env_doc
     (run / "manifest.json").write_text(json.dumps(manifest))
-    assert torchrepro.envdiff.load_environment(run)["launch"] == {"seed": None, "deterministic": None,
+    assert torchrepro.analysis.envdiff.load_environment(run)["launch"] == {"seed": None, "deterministic": None,
                                                                   "pythonhashseed": None, "command": None}
 
 

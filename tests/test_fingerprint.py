@@ -11,8 +11,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-
-import torchrepro
 from torchrepro.fingerprint import (
     UnfingerprintableError,
     UnreadableError,
@@ -20,6 +18,8 @@ from torchrepro.fingerprint import (
     fingerprint_many,
     fingerprint_object,
 )
+
+import torchrepro
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]

@@ -25,12 +25,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchrepro
-from torchrepro import _readjson, launcher, report
+from torchrepro._core import readjson as _readjson
+from torchrepro._core.errors import OutputDirError, RunDirError, StateFileError
+from torchrepro.analysis import report
 from torchrepro.cli import main
-from torchrepro.envinfo import environment
-from torchrepro.errors import OutputDirError, RunDirError, StateFileError
-from torchrepro.outdir import LOCK, lock_dir
-from torchrepro.store import load_run
+from torchrepro.env.info import environment
+from torchrepro.record import launcher
+from torchrepro.record.outdir import LOCK, lock_dir
+from torchrepro.record.store import load_run
 
 DEEP = "[" * 3000 + "]" * 3000
 HUGE = "1" * 5000
@@ -382,7 +384,7 @@ def test_fuzz_env_files(runs, data, raw):
 def test_fuzz_readers_raise_only_input_errors(tmp_path_factory, data, trace):
     """Each reader on random bytes: a value, or torchrepro's input error (or its documented fallback); nothing else."""
     from torchrepro.cli import scan_cmd
-    from torchrepro.outdir import _holder
+    from torchrepro.record.outdir import _holder
 
     root = tmp_path_factory.mktemp("raw")
     path = root / ("trace.jsonl" if trace else "manifest.json")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import torchrepro
-from torchrepro.locate import deterministic_kernel, locate_ops
+from torchrepro.analysis.locate import deterministic_kernel, locate_ops
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -201,7 +201,7 @@ def _ops(*specs, step=1):
 
 
 def test_ops_are_paired_by_identity_not_position():
-    from torchrepro.locate import align
+    from torchrepro.analysis.locate import align
 
     common = [("aten.addmm", "0", 5, "xw", "h"), ("aten.randn", "1", 9, [], "n1", True),
               ("aten.add", "1", 9, "hn", "z")]
@@ -246,7 +246,7 @@ def test_dataloader_workers_do_not_write_into_the_trace(tmp_path):
     loader = torch.utils.data.DataLoader(_Augmenting(), batch_size=4, num_workers=2)
     with torchrepro.trace_ops(path=path) as trace:
         batches = [b.sum() for b in loader]
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     ops = list(read_ops(path))
     assert [op["i"] for op in ops] == list(range(len(ops))) == [op["i"] for op in trace.ops]
@@ -260,7 +260,7 @@ def _write_ops(path: Path, lines: list[str]) -> Path:
 
 
 def test_read_ops_tolerates_only_a_cut_off_last_line(tmp_path):
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
     cut = _write_ops(tmp_path / "cut.jsonl", good + ['{"i": 3, "op": "aten.m'])  # killed mid-write
@@ -269,8 +269,8 @@ def test_read_ops_tolerates_only_a_cut_off_last_line(tmp_path):
 
 @pytest.mark.parametrize("bad", ['{"i": 1, "op": "aten.m\n', "garbage\n", "[1, 2]\n", "\n"])
 def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
-    from torchrepro.errors import RunDirError
-    from torchrepro.optrace import read_ops
+    from torchrepro._core.errors import RunDirError
+    from torchrepro.record.optrace import read_ops
 
     good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
     path = _write_ops(tmp_path / "ops.jsonl", [good[0], bad, good[1], good[2]])
@@ -282,7 +282,7 @@ def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
 
 _DIES_WHILE_TRACING = """
 import os, sys, torch
-from torchrepro.optrace import OpTracer
+from torchrepro.record.optrace import OpTracer
 x = torch.ones(3)
 tracer = OpTracer(path=sys.argv[1], keep=False).start()
 for _ in range(int(sys.argv[2])):
@@ -300,7 +300,7 @@ raise RuntimeError("the script dies while the tracer is on")
 
 @pytest.mark.parametrize("adds", [10, 1100])  # fewer than one batch of queued records, and several batches
 def test_a_script_that_dies_while_tracing_keeps_every_record(tmp_path, adds):
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     path = tmp_path / "ops.jsonl"
     p = subprocess.run([sys.executable, "-c", _DIES_WHILE_TRACING, str(path), str(adds), "-"], capture_output=True,
@@ -313,7 +313,7 @@ def test_a_script_that_dies_while_tracing_keeps_every_record(tmp_path, adds):
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_a_forked_child_never_writes_the_parents_queued_records(tmp_path):
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     path = tmp_path / "ops.jsonl"
     p = subprocess.run([sys.executable, "-c", _DIES_WHILE_TRACING, str(path), "5", "fork"], capture_output=True,
@@ -327,7 +327,7 @@ def test_a_forked_child_never_writes_the_parents_queued_records(tmp_path):
 def test_two_tracers_stopped_out_of_order_each_records_until_its_own_stop():
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    from torchrepro.optrace import OpTracer
+    from torchrepro.record.optrace import OpTracer
 
     x = torch.ones(3)
     outer = OpTracer().start()
@@ -344,7 +344,7 @@ def test_two_tracers_stopped_out_of_order_each_records_until_its_own_stop():
 def test_an_interrupt_while_records_are_encoded_loses_none(tmp_path, monkeypatch):
     import signal
 
-    from torchrepro import optrace
+    from torchrepro.record import optrace
 
     real, calls = optrace._encode, []
 
@@ -377,7 +377,7 @@ _LATE_ATEXIT = """
 import atexit, sys, torch
 state = {}
 
-def late():  # registered before torchrepro.optrace is imported: runs after the tracer's exit flush
+def late():  # registered before torchrepro.record.optrace is imported: runs after the tracer's exit flush
     x = state["x"]
     for _ in range(7):
         x = x * 2
@@ -385,7 +385,7 @@ def late():  # registered before torchrepro.optrace is imported: runs after the 
         f.write(str(state["tracer"].count))
 
 atexit.register(late)
-from torchrepro.optrace import OpTracer
+from torchrepro.record.optrace import OpTracer
 x = torch.ones(3)
 state["tracer"] = OpTracer(path=sys.argv[1], keep=False).start()
 for _ in range(5):
@@ -395,7 +395,7 @@ state["x"] = x
 
 
 def test_ops_after_the_exit_flush_are_neither_counted_nor_lost(tmp_path):
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     p = subprocess.run([sys.executable, "-c", _LATE_ATEXIT, str(tmp_path / "ops.jsonl"), str(tmp_path / "count")],
                        capture_output=True, text=True, timeout=300)
@@ -473,7 +473,7 @@ def test_trace_ops_records_the_ops_of_a_thread_started_while_tracing():
 
 def test_no_traced_op_at_all_says_where_the_tracer_cannot_see():
     """0 and 0 ops traced was reported as an intermittent race."""
-    from torchrepro.locate import LocateResult
+    from torchrepro.analysis.locate import LocateResult
 
     fix = LocateResult("not-reproduced", ops_traced=(0, 0), traced_steps=[1]).fix
     assert fix.startswith("No operation was traced in either re-run: the training ran where the tracer cannot "

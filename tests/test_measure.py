@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchrepro
-from torchrepro.measure import _grad_reports, _output_report
+from torchrepro.measure.nondeterminism import _grad_reports, _output_report
 
 needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
 

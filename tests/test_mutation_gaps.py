@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 import torchrepro
+from torchrepro.analysis.compare import compare_runs, tensor_delta, ulp_distance
+from torchrepro.analysis.compilelocate import locate_compiled
+from torchrepro.analysis.envdiff import BENIGN, BREAKS, MAY, diff_environments
+from torchrepro.analysis.rankcompare import rank_desync
 from torchrepro.cli._series import Launched
 from torchrepro.cli.variance_cmd import _value
-from torchrepro.compare import compare_runs, tensor_delta, ulp_distance
-from torchrepro.compilelocate import locate_compiled
-from torchrepro.envdiff import BENIGN, BREAKS, MAY, diff_environments
 from torchrepro.lint import LintConfig, lint_source
-from torchrepro.rankcompare import rank_desync
-from torchrepro.store import Run, read_trace_lines
-from torchrepro.variance import GroupStats, t_cdf
+from torchrepro.measure.variance import GroupStats, t_cdf
+from torchrepro.record.store import Run, read_trace_lines
 
 
 # --- 1. env diff: the rank and order of CUDA, GPU, cuBLAS and launch differences ------------------------------

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import torchrepro.nn as rnn
 import torchrepro.nn.functional as F
-from torchrepro.errors import ReproError
+from torchrepro._core.errors import ReproError
 from torchrepro.nn._rowsum import force_sorted
 
 from .conftest import run_python

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from torchrepro import _ompteam
+from torchrepro._core import ompteam as _ompteam
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or "parallel backend: OpenMP" not in torch.__config__.parallel_info(),
@@ -52,7 +52,7 @@ def test_other_threads_are_refused_and_nothing_runs():
 
 
 SMALL_TEAM = """
-from torchrepro import _ompteam
+from torchrepro._core import ompteam as _ompteam
 done = []
 assert _ompteam.run(done.append, 4)
 print(sorted(done))
@@ -68,7 +68,7 @@ def test_indices_a_smaller_team_did_not_run_are_run_by_the_caller():
 
 FORKED = """
 import os, sys, importlib, torch
-from torchrepro import _ompteam
+from torchrepro._core import ompteam as _ompteam
 fp = importlib.import_module("torchrepro.fingerprint")
 t = torch.randn(5 * fp.CHUNK)
 torch.set_num_threads(1)

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchrepro
-from torchrepro.errors import ReproError, RunDirError
-from torchrepro.optrace import read_ops
+from torchrepro._core.errors import ReproError, RunDirError
+from torchrepro.record.optrace import read_ops
 
 
 def _rec(i: int, **over) -> dict:
@@ -73,7 +73,7 @@ def test_the_tracer_stores_the_line_text_and_reads_only_regular_files(tmp_path):
         torch.ones(2).add(1)  # THE-TRACED-LINE
     stored = [json.loads(line) for line in path.read_text().splitlines()]
     assert stored and all(r["code"] == "torch.ones(2).add(1)  # THE-TRACED-LINE" for r in stored)
-    from torchrepro.optrace import _code_line
+    from torchrepro.record.optrace import _code_line
 
     assert _code_line("/dev/zero", 1, {}) == "" and _code_line(str(tmp_path), 1, {}) == ""
 
@@ -152,7 +152,7 @@ def test_fuzz_read_ops_parses_or_refuses_cleanly(tmp_path, records):
         ops = list(read_ops(path))
     except ReproError:
         return
-    from torchrepro.locate import locate_ops
+    from torchrepro.analysis.locate import locate_ops
 
     locate_ops(ops, ops)  # what was accepted can be compared
     locate_ops(ops, ops[:1])
@@ -160,7 +160,7 @@ def test_fuzz_read_ops_parses_or_refuses_cleanly(tmp_path, records):
 
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
 def test_a_trace_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
-    from torchrepro.store import load_run
+    from torchrepro.record.store import load_run
 
     run_dir = _recorded_run(tmp_path / "r", [_rec(0)])
     (run_dir / "trace.jsonl").unlink()

@@ -21,8 +21,8 @@ from torchrepro import (
     mark_deterministic,
     registry,
 )
-from torchrepro import policy as policy_mod
-from torchrepro.registry import OpEntry
+from torchrepro.control import policy as policy_mod
+from torchrepro.control.registry import OpEntry
 
 ALERT = "does not have a deterministic implementation"
 HERE = str(Path(__file__).resolve())

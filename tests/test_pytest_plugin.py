@@ -7,7 +7,7 @@ import json
 import pytest
 import torch._inductor.config  # noqa: F401
 
-from torchrepro.seeding import derive_seed
+from torchrepro.control.seeding import derive_seed
 
 # pytester's in-process runs drop the modules first imported inside them; torch.use_deterministic_algorithms
 # imports torch._inductor on first use, and importing it a second time fails (TORCH_LIBRARY registered twice), so

@@ -12,7 +12,7 @@ from torch import nn
 
 import torchrepro
 from torchrepro.cli import main
-from torchrepro.store import load_run
+from torchrepro.record.store import load_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

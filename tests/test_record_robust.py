@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torchrepro.fingerprint import UNREADABLE
 
 import torchrepro
-from torchrepro import record
-from torchrepro.compare import compare_runs
-from torchrepro.errors import ReproWarning
-from torchrepro.fingerprint import UNREADABLE
-from torchrepro.store import load_run
+from torchrepro._core.errors import ReproWarning
+from torchrepro.analysis.compare import compare_runs
+from torchrepro.record import recorder as record
+from torchrepro.record.store import load_run
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -354,7 +354,7 @@ def test_a_forked_child_that_trains_writes_no_op_records(tmp_path):
                         "--trace-steps", "1", "--", "python", str(FORK_SCRIPT)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     ops = list(read_ops(tmp_path / "r" / "ops.jsonl"))
     assert ops and [op["i"] for op in ops] == list(range(len(ops)))

@@ -18,8 +18,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchrepro
-from torchrepro import registry
-from torchrepro.registry import OpEntry, match, nondeterministic_ops, normalize_op
+from torchrepro.control import registry
+from torchrepro.control.registry import OpEntry, match, nondeterministic_ops, normalize_op
 
 VARIES = "varies run to run with 2+ threads"
 RUNS = 64  # most runs to observe a claimed variation (stops at the second distinct result)

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import torchrepro
-from torchrepro.checkpoint import read_checkpoint
-from torchrepro.errors import CheckpointError, ReproWarning
-from torchrepro.resume import ResumeRunError
+from torchrepro._core.errors import CheckpointError, ReproWarning
+from torchrepro.resume.checkpoint import read_checkpoint
+from torchrepro.resume.verify import ResumeRunError
 
 from . import resume_setup
 
@@ -202,7 +202,7 @@ def test_environment_change_warns(tmp_path):
 
 KILLER = r"""
 import sys, time, torch, torchrepro
-from torchrepro import checkpoint
+from torchrepro.resume import checkpoint
 
 model = torch.nn.Linear(256, 256)
 torchrepro.save_checkpoint(sys.argv[1], model=model, step=1)
@@ -293,7 +293,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
 try:
     torchrepro.save_checkpoint(sys.argv[1], model=model, step=2)
-except torchrepro.errors.CheckpointError as exc:
+except torchrepro._core.errors.CheckpointError as exc:
     print(exc)
 """
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import torchrepro
-from torchrepro.errors import CheckpointError
+from torchrepro._core.errors import CheckpointError
 
 
 def _net(seed: int, out: int = 2, extra_layer: bool = False, dtype: torch.dtype = torch.float32) -> nn.Module:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchrepro
-from torchrepro import rng
-from torchrepro.errors import DeviceMismatchError, MissingGeneratorError, StateFileError
+from torchrepro._core.errors import DeviceMismatchError, MissingGeneratorError, StateFileError
+from torchrepro.control import rng
 
 
 def _draw_all(tg: torch.Generator, ng: np.random.Generator) -> tuple:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import torchrepro
-from torchrepro import seeding
-from torchrepro.errors import InvalidSeedError, ReproWarning
+from torchrepro._core.errors import InvalidSeedError, ReproWarning
+from torchrepro.control import seeding
 
 from .conftest import run_python
 
@@ -134,7 +134,7 @@ def test_derive_seed_stable_distinct_and_cross_process():
 
 
 def test_worker_seed_depends_on_rank(monkeypatch):
-    from torchrepro.data import worker_seed
+    from torchrepro.resume.data import worker_seed
 
     assert worker_seed(5, 0, rank=0) != worker_seed(5, 0, rank=1)
     monkeypatch.setenv("RANK", "3")
@@ -161,7 +161,7 @@ class WorkerDraws(torch.utils.data.Dataset):
 
 
 def test_seed_worker_gives_each_worker_its_own_seed():
-    from torchrepro.data import worker_seed
+    from torchrepro.resume.data import worker_seed
 
     loader = torch.utils.data.DataLoader(WorkerDraws(), batch_size=None, num_workers=2,
                                          worker_init_fn=torchrepro.seed_worker,

@@ -305,9 +305,9 @@ def test_a_forked_child_gets_its_own_thread_pool():
 
 def test_runs_fingerprinted_with_different_algorithms_are_not_compared(tmp_path):
     from tests.test_compare import make_run
-    from torchrepro.compare import compare_runs
-    from torchrepro.errors import RunsNotComparableError
-    from torchrepro.store import load_run, write_manifest
+    from torchrepro._core.errors import RunsNotComparableError
+    from torchrepro.analysis.compare import compare_runs
+    from torchrepro.record.store import load_run, write_manifest
 
     def with_algorithm(name: str, algorithm: object):
         run = make_run(tmp_path, name)
@@ -337,6 +337,6 @@ def test_a_recorded_run_names_its_algorithm(tmp_path):
     with torchrepro.watch(model, opt, run_dir=tmp_path / "run") as _:
         model(torch.ones(4, 3)).sum().backward()
         opt.step()
-    from torchrepro.store import load_run
+    from torchrepro.record.store import load_run
 
     assert load_run(tmp_path / "run").manifest["fingerprint_algorithm"] == fp_mod.ALGORITHM_XXH3

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchrepro.record import Recorder
-from torchrepro.store import load_run, write_manifest
+from torchrepro.record.recorder import Recorder
+from torchrepro.record.store import load_run, write_manifest
 
 SIZE = (50 * 40 + 40) * 4  # bytes of one snapshot of nn.Linear(50, 40)
 
@@ -79,7 +79,7 @@ def test_without_an_optimizer_each_backward_is_a_step_with_its_values(tmp_path):
 
 def test_at_most_one_extra_copy_a_large_snapshot_is_skipped_while_the_writer_is_busy(tmp_path, monkeypatch):
     """While a large snapshot is being written, the next is skipped (no second host copy); the final one waits."""
-    from torchrepro import record
+    from torchrepro.record import recorder as record
 
     release = threading.Event()
     copies: list[int] = []
@@ -107,7 +107,7 @@ def test_at_most_one_extra_copy_a_large_snapshot_is_skipped_while_the_writer_is_
 
 
 def test_small_snapshots_queue_behind_a_busy_writer_and_none_is_lost(tmp_path, monkeypatch):
-    from torchrepro import record
+    from torchrepro.record import recorder as record
 
     release = threading.Event()
     real = record.atomic_write

@@ -11,9 +11,8 @@ from torch import nn
 
 import torchrepro
 from torchrepro.cli import main
-from torchrepro.seeding import derive_seed
-from torchrepro.store import read_trace_lines
-from torchrepro.variance import (
+from torchrepro.control.seeding import derive_seed
+from torchrepro.measure.variance import (
     GroupStats,
     TimeStats,
     analyze_variance,
@@ -21,6 +20,7 @@ from torchrepro.variance import (
     overhead_ci,
     t_quantile,
 )
+from torchrepro.record.store import read_trace_lines
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TINY = ["python", str(SCRIPTS / "bench_tiny.py"), "--steps", "10"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from torchrepro.compare import CheckResult
-from torchrepro.workdir import WorkdirWatch, walk
+from torchrepro.analysis.compare import CheckResult
+from torchrepro.record.workdir import WorkdirWatch, walk
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
@@ -158,7 +158,7 @@ def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path)
     (tmp_path / "before.txt").write_text("b")
     code = textwrap.dedent("""
         import json, os, time
-        from torchrepro.workdir import ReadAudit
+        from torchrepro.record.workdir import ReadAudit
         audit = ReadAudit(time.time_ns()).install()
         open("new.txt", "w").write("n")
         open("new.txt").read()
@@ -209,9 +209,9 @@ def test_enospc_on_check_json_prints_the_verdict_and_exits_2(tmp_path, monkeypat
 
 
 def test_a_plot_that_cannot_be_written_is_said_and_check_json_says_so(tmp_path, monkeypatch, capsys):
-    from torchrepro import report
+    from torchrepro.analysis import report
+    from torchrepro.analysis.compare import CheckResult
     from torchrepro.cli.check_cmd import finish
-    from torchrepro.compare import CheckResult
 
     def full(result, path):
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), str(path))
@@ -236,8 +236,8 @@ def _identical() -> CheckResult:
 
 
 def test_ranks_check_json_on_a_full_disk_prints_one_document_and_exits_2(tmp_path, monkeypatch, capsys):
+    from torchrepro.analysis.rankcompare import RanksCheck
     from torchrepro.cli import _ranks
-    from torchrepro.rankcompare import RanksCheck
 
     def full(path, obj):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -253,8 +253,8 @@ def test_ranks_check_json_on_a_full_disk_prints_one_document_and_exits_2(tmp_pat
 
 
 def test_an_identical_verdict_that_read_an_earlier_runs_output_is_warned(tmp_path):
+    from torchrepro.analysis.compare import note_shared_workdir
     from torchrepro.cli._render import render
-    from torchrepro.compare import note_shared_workdir
 
     result = _identical()
     note_shared_workdir(result, {"read_from_earlier_run": [

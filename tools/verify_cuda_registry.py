@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchrepro.registry import OpEntry, match, nondeterministic_ops, normalize_op
+from torchrepro.control.registry import OpEntry, match, nondeterministic_ops, normalize_op
 
 ALERT = "does not have a deterministic implementation"
 RUNS = 8

@@ -12,25 +12,18 @@ not pay for importing torch until something needs it.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
-from . import (
-    _launchenv,  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
-    _ompteam,  # noqa: F401 - registers its fork guard before the script can fork (stdlib only)
+from ._core import (
+    launchenv as _launchenv,  # noqa: F401 - records PYTHONHASHSEED as it was at start-up, before user code runs
+)
+from ._core import (
+    ompteam as _ompteam,  # noqa: F401 - registers its fork guard before the script can fork (stdlib only)
 )
 from ._version import __version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported on first use
-    from .audit import AuditItem, AuditReport, audit
-    from .checkpoint import load_checkpoint, save_checkpoint
-    from .data import ResumableLoader, make_generator, seed_worker
-    from .determinism import DeterminismConfig, current_config, deterministic
-    from .distributed import ConsistencyReport, check_consistency, sync_rng_states
-    from .envdiff import EnvChange, EnvDiff, diff_environments
-    from .envinfo import Environment, environment, environment_summary
-    from .errors import (
+    from ._core.errors import (
         CheckpointError,
         CollectiveError,
         DeviceMismatchError,
@@ -44,77 +37,91 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
         ScriptError,
         StateFileError,
     )
-    from .fingerprint import fingerprint, fingerprint_many
-    from .measure import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
-    from .metrics import log_metric
-    from .optrace import trace_ops
-    from .policy import DeterminismPolicy, mark_deterministic
-    from .record import watch
-    from .registry import OpEntry, nondeterministic_ops
-    from .resume import ResumeReport, verify_resume
-    from .rng import RNGState, isolate_rng, load_rng_state, register_generator, save_rng_state, unregister_generator
-    from .scan import ScanFinding, ScanReport, scan
-    from .seeding import derive_seed, seed_everything
+    from ._core.fingerprint import fingerprint, fingerprint_many
+    from .analysis.envdiff import EnvChange, EnvDiff, diff_environments
+    from .analysis.scan import ScanFinding, ScanReport, scan
+    from .control.determinism import DeterminismConfig, current_config, deterministic
+    from .control.policy import DeterminismPolicy, mark_deterministic
+    from .control.registry import OpEntry, nondeterministic_ops
+    from .control.rng import (
+        RNGState,
+        isolate_rng,
+        load_rng_state,
+        register_generator,
+        save_rng_state,
+        unregister_generator,
+    )
+    from .control.seeding import derive_seed, seed_everything
+    from .distributed.ranks import ConsistencyReport, check_consistency, sync_rng_states
+    from .env.audit import AuditItem, AuditReport, audit
+    from .env.info import Environment, environment, environment_summary
+    from .measure.nondeterminism import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
+    from .record.metrics import log_metric
+    from .record.optrace import trace_ops
+    from .record.recorder import watch
+    from .resume.checkpoint import load_checkpoint, save_checkpoint
+    from .resume.data import ResumableLoader, make_generator, seed_worker
+    from .resume.verify import ResumeReport, verify_resume
 
 _EXPORTS: dict[str, str] = {
-    "AuditItem": "audit",
-    "AuditReport": "audit",
-    "audit": "audit",
-    "load_checkpoint": "checkpoint",
-    "save_checkpoint": "checkpoint",
-    "ResumableLoader": "data",
-    "make_generator": "data",
-    "seed_worker": "data",
-    "DeterminismConfig": "determinism",
-    "current_config": "determinism",
-    "deterministic": "determinism",
-    "ConsistencyReport": "distributed",
-    "check_consistency": "distributed",
-    "sync_rng_states": "distributed",
-    "EnvChange": "envdiff",
-    "EnvDiff": "envdiff",
-    "diff_environments": "envdiff",
-    "Environment": "envinfo",
-    "environment": "envinfo",
-    "environment_summary": "envinfo",
-    "CheckpointError": "errors",
-    "CollectiveError": "errors",
-    "DeviceMismatchError": "errors",
-    "EnvFileError": "errors",
-    "MissingGeneratorError": "errors",
-    "NondeterministicOpError": "errors",
-    "RankMismatchError": "errors",
-    "ReproError": "errors",
-    "ReproWarning": "errors",
-    "RunDirError": "errors",
-    "ScriptError": "errors",
-    "StateFileError": "errors",
-    "fingerprint": "fingerprint",
-    "fingerprint_many": "fingerprint",
-    "TOLERANCES": "measure",
-    "NondeterminismReport": "measure",
-    "assert_deterministic": "measure",
-    "measure_nondeterminism": "measure",
-    "log_metric": "metrics",
-    "trace_ops": "optrace",
-    "DeterminismPolicy": "policy",
-    "mark_deterministic": "policy",
-    "watch": "record",
-    "OpEntry": "registry",
-    "nondeterministic_ops": "registry",
-    "ResumeReport": "resume",
-    "verify_resume": "resume",
-    "RNGState": "rng",
-    "isolate_rng": "rng",
-    "load_rng_state": "rng",
-    "register_generator": "rng",
-    "save_rng_state": "rng",
-    "unregister_generator": "rng",
-    "ScanFinding": "scan",
-    "ScanReport": "scan",
-    "scan": "scan",
-    "derive_seed": "seeding",
-    "seed_everything": "seeding",
+    "AuditItem": "env.audit",
+    "AuditReport": "env.audit",
+    "audit": "env.audit",
+    "load_checkpoint": "resume.checkpoint",
+    "save_checkpoint": "resume.checkpoint",
+    "ResumableLoader": "resume.data",
+    "make_generator": "resume.data",
+    "seed_worker": "resume.data",
+    "DeterminismConfig": "control.determinism",
+    "current_config": "control.determinism",
+    "deterministic": "control.determinism",
+    "ConsistencyReport": "distributed.ranks",
+    "check_consistency": "distributed.ranks",
+    "sync_rng_states": "distributed.ranks",
+    "EnvChange": "analysis.envdiff",
+    "EnvDiff": "analysis.envdiff",
+    "diff_environments": "analysis.envdiff",
+    "Environment": "env.info",
+    "environment": "env.info",
+    "environment_summary": "env.info",
+    "CheckpointError": "_core.errors",
+    "CollectiveError": "_core.errors",
+    "DeviceMismatchError": "_core.errors",
+    "EnvFileError": "_core.errors",
+    "MissingGeneratorError": "_core.errors",
+    "NondeterministicOpError": "_core.errors",
+    "RankMismatchError": "_core.errors",
+    "ReproError": "_core.errors",
+    "ReproWarning": "_core.errors",
+    "RunDirError": "_core.errors",
+    "ScriptError": "_core.errors",
+    "StateFileError": "_core.errors",
+    "fingerprint": "_core.fingerprint",
+    "fingerprint_many": "_core.fingerprint",
+    "TOLERANCES": "measure.nondeterminism",
+    "NondeterminismReport": "measure.nondeterminism",
+    "assert_deterministic": "measure.nondeterminism",
+    "measure_nondeterminism": "measure.nondeterminism",
+    "log_metric": "record.metrics",
+    "trace_ops": "record.optrace",
+    "DeterminismPolicy": "control.policy",
+    "mark_deterministic": "control.policy",
+    "watch": "record.recorder",
+    "OpEntry": "control.registry",
+    "nondeterministic_ops": "control.registry",
+    "ResumeReport": "resume.verify",
+    "verify_resume": "resume.verify",
+    "RNGState": "control.rng",
+    "isolate_rng": "control.rng",
+    "load_rng_state": "control.rng",
+    "register_generator": "control.rng",
+    "save_rng_state": "control.rng",
+    "unregister_generator": "control.rng",
+    "ScanFinding": "analysis.scan",
+    "ScanReport": "analysis.scan",
+    "scan": "analysis.scan",
+    "derive_seed": "control.seeding",
+    "seed_everything": "control.seeding",
 }
 
 __all__ = [
@@ -191,15 +198,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(__all__) | {name for name in globals() if name.startswith("__")})
-
-
-class _Package(types.ModuleType):
-    """Importing the submodules ``fingerprint`` and ``audit`` must not hide the functions of the same name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
-            return  # the import system binds a submodule to its package: keep the public function instead
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -4,7 +4,7 @@
         [--perturb-rank R --perturb-step K]   rank R nudges fc1.weight just before optimizer step K
         [--exit-rank R --exit-step K]         rank R exits (code 3) after optimizer step K, before its check
         [--exit-code C]                       ... with exit code C instead (0: a rank that stops early)
-        [--check-every N]                     torchrepro.distributed.check_consistency every N steps
+        [--check-every N]                     torchrepro.distributed.ranks.check_consistency every N steps
         [--save DIR --save-at K] [--resume DIR]  per-rank checkpoints (bitwise resume)
         [--out DIR]                           write DIR/rank{R}.json: dropout masks and final fingerprints
 
@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import torchrepro
-from torchrepro.distributed import check_consistency
+from torchrepro.distributed.ranks import check_consistency
 
 
 class Net(nn.Module):
@@ -96,7 +96,7 @@ def main() -> int:
         final = {name: torchrepro.fingerprint(t) for name, t in model.state_dict().items()}
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
             json.dump({"rank": rank, "masks": masks, "final": final,
-                       "streams": torchrepro.distributed.rng_streams()}, f)
+                       "streams": torchrepro.distributed.ranks.rng_streams()}, f)
     dist.barrier()  # no rank tears the group down while another still uses it
     dist.destroy_process_group()
     return 0

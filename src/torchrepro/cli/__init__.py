@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
+from .._core.errors import Interrupted, ReproError
 from .._version import __version__
-from ..errors import Interrupted, ReproError
 
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: the commands in LIGHT run without importing torch (fast enough for pre-commit hooks).
@@ -119,7 +119,7 @@ def _fail(command: str | None, as_json: bool, prefix: str, message: str, exit_co
 
 def console_main() -> int:
     code = main()
-    from ..launcher import freeze_heap
+    from ..record.launcher import freeze_heap
 
     freeze_heap()  # after check/diff the parent holds torch and matplotlib: exit without long collections
     return code

@@ -6,16 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._io import atomic_write_json
-from ..compare import note_shared_workdir
-from ..errors import ScriptError
-from ..launcher import CommandError, LaunchOptions, RunResult, parse_python_command
-from ..outdir import lock_dir
-from ..rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
-from ..report import plot_check
-from ..store import load_ranks
-from ._render import render
-from .check_cmd import (
+from .._core.errors import ScriptError
+from .._core.io import atomic_write_json
+from ..analysis.compare import note_shared_workdir
+from ..analysis.rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
+from ..analysis.report import plot_check
+from ..record.launcher import CommandError, LaunchOptions, parse_python_command
+from ..record.outdir import lock_dir
+from ..record.store import load_ranks
+from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
     WriteErrors,
@@ -24,72 +23,8 @@ from .check_cmd import (
     output_dir,
     print_verdict,
     saved,
-    tail_lines,
 )
-
-_FIX_SCRIPT = ("Fix the script so that it runs under torchrun on its own (`torchrun --nproc-per-node N train.py`), "
-               "then check again.")
-_FIX_EARLY = ("A rank that ends before the others leaves them waiting in collectives: make every rank run the same "
-              "number of steps (the same loop bounds and number of batches on every rank), then check again.")
-_FIX_NO_STEPS = ("torchrepro check compares training steps: make sure the script calls loss.backward() "
-                 "(and optimizer.step()).")
-
-
-def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> ScriptError:
-    """The error for a failed run of several ranks: the rank that ended early or failed first, how, what the
-    others did, and the last lines of the stderr of the rank that failed first."""
-    m = result.manifest or {}
-    statuses = m.get("rank_status") if isinstance(m.get("rank_status"), dict) else {}
-    failed = m.get("failed_rank")
-    early = [r for r in m.get("ended_early") or [] if f"rank{r}" in statuses]
-    hint = _FIX_SCRIPT if result.returncode != 0 else _FIX_NO_STEPS
-    if early:
-        what, named, hint = _early_what(early, statuses), early, _FIX_EARLY
-    elif failed is None:
-        named = []
-        what = ("finished but recorded no optimizer step and no backward() call on rank 0" if result.returncode == 0
-                else f"failed (torchrun exited with status {result.returncode} before any rank failed: see its "
-                     "own output)")
-    else:
-        code = (statuses.get(f"rank{failed}") or {}).get("exit_code")
-        how = f"was killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exited with code {code}"
-        what, named = f"failed: rank {failed} {how} first", [failed]
-    path = run_dir / f"rank{failed}" if failed is not None else (run_dir / "rank0" if result.returncode == 0
-                                                                 else run_dir)
-    others = [_other(name, info, run_dir) for name, info in statuses.items() if int(name[4:]) not in named]
-    stderr, whose = path / "stderr.txt", f"rank {failed}'s" if early else "its"
-    error = ScriptError(f"run {i} of {total} {what}" + (f"; then {', '.join(others)}" if others else "")
-                        + f". The runs cannot be compared. {hint}\nLast lines of {whose} stderr ({stderr}):\n"
-                        f"{tail_lines(stderr)}")
-    error.stderr_path = str(stderr)  # type: ignore[attr-defined]
-    return error
-
-
-def _early_what(early: list[int], statuses: dict[str, dict[str, object]]) -> str:
-    """``failed: rank 1 ended early (exit code 0 after 1 step) while rank 0 was still running``."""
-    ended = ", ".join(f"rank {r} ended early (exit code 0 after {_steps(statuses[f'rank{r}'])})" for r in early)
-    running = [f"rank {name[4:]}" for name in statuses if int(name[4:]) not in early]
-    return f"failed: {ended} while {' and '.join(running)} {'was' if len(running) == 1 else 'were'} still running"
-
-
-def _steps(info: dict[str, object]) -> str:
-    steps = info.get("steps")
-    return f"{steps} step" + ("" if steps == 1 else "s")
-
-
-def _other(name: str, info: dict[str, object], run_dir: Path) -> str:
-    """``rank 0 failed (1) after 1 step: <last line of its stderr>``: what another rank did."""
-    code = f" ({info['exit_code']})" if info.get("exit_code") else ""
-    return (f"rank {name[4:]} {info.get('status')}{code} after {_steps(info)}"
-            + _last_line(run_dir / name / "stderr.txt", info.get("status")))
-
-
-def _last_line(path: Path, status: object) -> str:
-    """``: <last line of a failed rank's stderr>`` (what the other ranks saw), or nothing."""
-    if status not in ("failed", "killed"):
-        return ""
-    last = tail_lines(path, 1).strip()
-    return f": {last[:240]}" if last and not last.startswith("(") else ""
+from ._render import render
 
 
 def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:

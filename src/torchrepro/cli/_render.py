@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._table import printable
-from ..compare import LABELS, CheckResult
+from .._core.table import printable
+from ..analysis.compare import LABELS, CheckResult
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -88,7 +88,7 @@ def _src(op: dict[str, Any] | None) -> str:
 
 
 def render_compiled_locate(doc: dict[str, Any]) -> str:
-    """Text for --locate on torch.compile'd code (see :mod:`torchrepro.compilelocate`)."""
+    """Text for --locate on torch.compile'd code (see :mod:`torchrepro.analysis.compilelocate`)."""
     lines = ["", f"Locate: {doc['title']}"]
     region, op, measured = doc.get("region"), doc.get("op"), doc.get("measured") or {}
     if region:
@@ -183,8 +183,8 @@ ENV_TEXT_LIMIT = {"breaks-bitwise": 40, "may-change-numerics": 20, "benign": 8}
 
 
 def render_env_diff(diff: Any, *, title: str | None = None) -> str:
-    """An :class:`~torchrepro.envdiff.EnvDiff` as text grouped by rank, each change with its reason."""
-    from ..envdiff import RANK_TITLES, RANKS
+    """An :class:`~torchrepro.analysis.envdiff.EnvDiff` as text grouped by rank, each change with its reason."""
+    from ..analysis.envdiff import RANK_TITLES, RANKS
 
     counts = ", ".join(f"{RANK_TITLES[r]} {len(diff.of_rank(r))}" for r in RANKS if diff.of_rank(r))
     head = title or f"Environment differences ({printable(diff.a)} → {printable(diff.b)})"
@@ -218,7 +218,7 @@ def print_env_diff(diff: Any, *, title: str | None = None) -> None:
     except ImportError:
         print(render_env_diff(diff, title=title))
         return
-    from ..envdiff import RANK_TITLES, RANKS
+    from ..analysis.envdiff import RANK_TITLES, RANKS
 
     console = Console()
     console.print(render_env_diff(diff, title=title).splitlines()[0], highlight=False, markup=False)

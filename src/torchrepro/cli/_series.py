@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write
-from ..errors import Interrupted, OutputDirError, ScriptError
-from ..launcher import LaunchOptions, RunResult, launch
-from ..outdir import LOCK, NEXT, RUN_NAME, check_run_dir, make_dir, unique_dir
-from ..store import read_trace_lines
-from .check_cmd import tail_lines
+from .._core.errors import Interrupted, OutputDirError, ScriptError
+from .._core.io import atomic_write
+from ..record.launcher import LaunchOptions, RunResult, launch
+from ..record.outdir import LOCK, NEXT, RUN_NAME, check_run_dir, make_dir, unique_dir
+from ..record.store import read_trace_lines
+from ._checkrun import tail_lines
 
 
 @dataclass
@@ -76,7 +76,7 @@ def run_series(out: Path, plan: list[tuple[str, list[str], LaunchOptions]], *, w
                after: Callable[[int, Launched], None] | None = None) -> list[Launched]:
     """Launch each ``(label, command, options)`` of ``plan`` into ``out/run<i>``; progress on stderr.
 
-    Raises :class:`~torchrepro.errors.ScriptError` (exit 2) when a run fails or records no step; ``after(i, run)``
+    Raises :class:`~torchrepro._core.errors.ScriptError` (exit 2) when a run fails or records no step; ``after(i, run)``
     is called after each run and may raise too (so that a problem stops the series at once). ``out`` must be
     checked by :func:`output_dir` and locked by the caller.
     """

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._table import printable
-from ..audit import AuditReport, audit, audit_recorded
-from ..errors import Interrupted, ScriptError
-from ..launcher import LaunchOptions, launch, parse_python_command
+from .._core.errors import Interrupted, ScriptError
+from .._core.table import printable
+from ..env.audit import AuditReport, audit, audit_recorded
+from ..record.launcher import LaunchOptions, launch, parse_python_command
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
 

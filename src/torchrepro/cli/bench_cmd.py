@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from .._io import atomic_write_json
-from .._table import render_table
-from ..errors import ScriptError
-from ..launcher import CommandError, LaunchOptions, parse_python_command
-from ..models import BUILTINS, PRECISIONS
-from ..outdir import lock_dir
-from ..variance import TimeStats, overhead_ci
+from .._core.errors import ScriptError
+from .._core.io import atomic_write_json
+from .._core.table import render_table
+from ..measure.models import BUILTINS, PRECISIONS
+from ..measure.variance import TimeStats, overhead_ci
+from ..record.launcher import CommandError, LaunchOptions, parse_python_command
+from ..record.outdir import lock_dir
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from .run_cmd import positive_int, seed_arg
 
@@ -121,7 +121,7 @@ def _configs(args: argparse.Namespace, command: list[str], variants: list[str]) 
         return [_Config(v, None, v, command) for v in variants]
     precisions = args.precisions or list(PRECISIONS)
     total = args.warmup + args.steps
-    return [_Config(f"{p} {v}", p, v, [sys.executable, "-m", "torchrepro.models", "--model", args.builtin,
+    return [_Config(f"{p} {v}", p, v, [sys.executable, "-m", "torchrepro.measure.models", "--model", args.builtin,
                                        "--precision", p, "--steps", str(total), *command])
             for p in precisions for v in variants]
 

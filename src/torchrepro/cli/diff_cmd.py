@@ -1,7 +1,7 @@
 """``torchrepro diff RUN_A RUN_B``: compare two recorded run directories (e.g. from two machines).
 
 Under the verdict it lists the environment and launch differences of the two runs, ranked
-(:mod:`torchrepro.envdiff`). ``--locate`` compares the op traces the runs kept (``torchrepro run --record DIR
+(:mod:`torchrepro.analysis.envdiff`). ``--locate`` compares the op traces the runs kept (``torchrepro run --record DIR
 --trace-steps N``) and names the first op whose inputs were identical while its outputs differed.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._io import atomic_write_json
-from ..compare import compare_runs
-from ..envdiff import locate_between
-from ..outdir import lock_dir
-from ..store import load_run
+from .._core.io import atomic_write_json
+from ..analysis.compare import compare_runs
+from ..analysis.envdiff import locate_between
+from ..record.outdir import lock_dir
+from ..record.store import load_run
+from ._checkrun import environment_differences, output_dir
 from ._render import render_op_table
-from .check_cmd import environment_differences, finish, output_dir
+from .check_cmd import finish
 
 
 def add_parser(sub: Any) -> None:

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json
-from .._table import printable
-from ..envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
-from ..envinfo import environment
-from ..errors import OutputDirError
+from .._core.errors import OutputDirError
+from .._core.io import atomic_write_json
+from .._core.table import printable
+from ..analysis.envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
+from ..env.info import environment
 from ._render import print_env_diff
 
 # Sections printed as "key value" rows, in this order; packages are summarised (all of them with --json).

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .._core.errors import ReproError
 from .._version import __version__
-from ..errors import ReproError
 from ..lint import FORMATS, ConfigError, LintConfig, lint_paths, load_config, render
 from ..lint.formats import summary_line
 

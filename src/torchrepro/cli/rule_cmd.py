@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..errors import ReproError
+from .._core.errors import ReproError
 from ..lint import RULES, get_rule
 
 

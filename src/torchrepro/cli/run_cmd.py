@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from .._seeds import validate_seed
-from ..launcher import CommandError, LaunchOptions, launch, ranks_command
+from ..control._seeds import validate_seed
+from ..record.launcher import CommandError, LaunchOptions, launch, ranks_command
 
 
 def seed_arg(text: str) -> int:

@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._readjson import read_json
-from ..errors import ScriptError, StateFileError
-from ..launcher import LaunchOptions, launch, parse_python_command
-from ..scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
-from .check_cmd import tail_lines
+from .._core.errors import ScriptError, StateFileError
+from .._core.readjson import read_json
+from ..analysis.scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
+from ..record.launcher import LaunchOptions, launch, parse_python_command
+from ._checkrun import tail_lines
 from .run_cmd import positive_int
 
 _STDERR_FD = 2  # with --json the script's stdout goes to our stderr (a file descriptor: works under any sys.stderr)
@@ -54,7 +54,7 @@ def _launch_command(command: list[str]) -> list[str]:
 def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any = None) -> ScanReport:
     """Run ``command`` under the scanner in a child process and return its report.
 
-    Raises :class:`~torchrepro.errors.ScriptError` (with the tail of the script's stderr) when it fails.
+    Raises :class:`~torchrepro._core.errors.ScriptError` (with the tail of the script's stderr) when it fails.
     """
     launch_command = _launch_command(command)  # a bad command is refused before anything runs
     with tempfile.TemporaryDirectory(prefix="torchrepro-scan-") as tmp:

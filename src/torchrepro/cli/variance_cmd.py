@@ -2,7 +2,7 @@
 
 N runs with one seed measure the implementation's nondeterminism; M runs with different seeds measure the
 spread due to the seed (which includes the former). The report compares them and says how small a difference
-between two configurations this noise lets one detect, and with which test (see :mod:`torchrepro.variance`).
+between two configurations this noise lets one detect, and with which test (see :mod:`torchrepro.measure.variance`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_write_json
-from .._table import render_table
-from ..errors import ScriptError
-from ..launcher import LaunchOptions, parse_python_command
-from ..outdir import lock_dir
-from ..seeding import derive_seed
-from ..variance import GroupStats, VarianceReport, analyze_variance
+from .._core.errors import ScriptError
+from .._core.io import atomic_write_json
+from .._core.table import render_table
+from ..control.seeding import derive_seed
+from ..measure.variance import GroupStats, VarianceReport, analyze_variance
+from ..record.launcher import LaunchOptions, parse_python_command
+from ..record.outdir import lock_dir
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from .run_cmd import positive_int, seed_arg
 

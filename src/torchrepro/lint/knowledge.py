@@ -69,7 +69,8 @@ SEEDERS: dict[str, tuple[frozenset[str], int | None, tuple[str, ...]]] = {
     "transformers.trainer_utils.set_seed": _SEED_ALL,
     "accelerate.utils.set_seed": _SEED_ALL,
     "torchrepro.seed_everything": _SEED_ALL,
-    "torchrepro.seeding.seed_everything": _SEED_ALL,
+    "torchrepro.seeding.seed_everything": _SEED_ALL,  # the module path before the package layout change (CHANGELOG.md)
+    "torchrepro.control.seeding.seed_everything": _SEED_ALL,
     "mmengine.runner.set_random_seed": _SEED_ALL,
     "keras.utils.set_random_seed": _SEED_ALL,
     "monai.utils.set_determinism": _SEED_ALL,
@@ -78,6 +79,7 @@ SEEDERS: dict[str, tuple[frozenset[str], int | None, tuple[str, ...]]] = {
     "torch.set_rng_state": (frozenset({TORCH}), None, ()),
     "torchrepro.load_rng_state": (ALL_LIBS, None, ()),
     "torchrepro.rng.load_rng_state": (ALL_LIBS, None, ()),
+    "torchrepro.control.rng.load_rng_state": (ALL_LIBS, None, ()),
 }
 # Calls that take no seed and pick one from the OS or the clock (they "seed" nondeterministically).
 ENTROPY_SEEDERS = {
@@ -184,7 +186,8 @@ MODEL_BUILDER_METHODS = frozenset({"from_pretrained", "from_config"})
 # --- deterministic mode ------------------------------------------------------------------------------------------
 DETERMINISM_ENABLERS = frozenset({
     "torch.use_deterministic_algorithms", "torch.set_deterministic_debug_mode", "torchrepro.deterministic",
-    "torchrepro.determinism.deterministic", "transformers.enable_full_determinism",
+    "torchrepro.determinism.deterministic", "torchrepro.control.determinism.deterministic",
+    "transformers.enable_full_determinism",
     "transformers.trainer_utils.enable_full_determinism", "accelerate.utils.enable_full_determinism",
 })
 LIGHTNING_TRAINER = "lightning.pytorch.Trainer"
@@ -214,6 +217,7 @@ SAVE_NAME_WORDS = ("save",)  # also helpers named like save_checkpoint(state, ..
 RNG_STATE_CALLS = frozenset({
     "torch.get_rng_state", "torch.cuda.get_rng_state", "torch.cuda.get_rng_state_all", "numpy.random.get_state",
     "random.getstate", "torchrepro.RNGState.capture", "torchrepro.rng.RNGState.capture",
+    "torchrepro.control.rng.RNGState.capture",
 })
 RNG_STATE_METHODS = frozenset({"get_state", "getstate", "get_rng_state", "get_rng_state_all", "capture"})
 RNG_KEY_WORDS = ("rng", "random_state", "torch_state", "numpy_state", "python_state", "cuda_state")

@@ -25,7 +25,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
-from ..errors import ReproError
+from .._core.errors import ReproError
 from ._rowsum import row_sum, use_sorted
 
 __all__ = [

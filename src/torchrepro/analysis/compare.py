@@ -1,0 +1,709 @@
+"""Comparing recorded runs: identical, or where, what and why they diverge (layer L3).
+
+Example:
+    >>> from torchrepro.analysis.compare import compare_runs          # doctest: +SKIP
+    >>> result = compare_runs([load_run("a"), load_run("b")])  # doctest: +SKIP
+    >>> result.verdict, result.first_step, result.cause        # doctest: +SKIP
+    ('diverged', 1, 'compute')
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .._core.errors import RunsNotComparableError
+from .._core.fingerprint import LEGACY_ALGORITHM, UNREADABLE
+from ..record.store import Run
+from ..record.workdir import shared_text
+
+SCHEMA = "torchrepro.check/1"
+
+# Recorded quantities in causal order: what a step consumes comes before what it produces.
+KINDS = ("batches", "init", "loss", "grads", "params", "state", "steps")
+LABELS = {
+    "batches": "data batch",
+    "init": "initial parameters",
+    "loss": "loss",
+    "grads": "gradients",
+    "params": "parameters",
+    "state": "optimizer state",
+    "steps": "number of steps",
+}
+
+# cause class -> (explanation, next action)
+CAUSES: dict[str, tuple[str, str]] = {
+    "initial-weights": (
+        "The initial parameters differ between runs: the model is initialised from unseeded random numbers.",
+        "Seed before building the model: call torchrepro.seed_everything(SEED) (or torch.manual_seed) at the "
+        "top of the script, or rerun with `torchrepro check --seed 0 -- ...` to confirm.",
+    ),
+    "data": (
+        "The runs saw different data batches while the parameters were still identical: DataLoader shuffling "
+        "or data augmentation draws unseeded random numbers.",
+        "Seed the data path: pass generator=torchrepro.make_generator(SEED) and "
+        "worker_init_fn=torchrepro.seed_worker to the DataLoader, and draw augmentation randomness from "
+        "seeded generators (random, numpy, torch) rather than os.urandom or fresh unseeded generators.",
+    ),
+    "compute": (
+        "Identical inputs and parameters produced different results: a nondeterministic kernel (e.g. a "
+        "scatter/index_put_ accumulation, atomicAdd on GPU, cuDNN autotuning) or an unseeded random op "
+        "(dropout with its own generator).",
+        "Rerun with `torchrepro check --deterministic -- ...` to confirm it is a kernel; "
+        "`torchrepro check --locate -- ...` names the operation and its source line.",
+    ),
+    "steps": (
+        "Every recorded value matches, but the runs took different numbers of steps: control flow depends on "
+        "something unseeded or on timing (early stopping on wall-clock, data-dependent loops).",
+        "Look for branches or loop bounds that depend on time, unseeded randomness or the environment.",
+    ),
+    "shared-working-directory": (
+        "The runs shared the working directory and a later run read what an earlier one wrote there: {files}. The "
+        "runs did not start from the same state, so this comparison does not show whether the script is "
+        "reproducible.",
+        "Delete those files before each run, point the script's output elsewhere, or rerun with "
+        "`torchrepro check --fresh-cwd -- ...` (each run in its own copy of the working directory).",
+    ),
+}
+SHARED_CWD = "shared-working-directory"
+
+
+@dataclass
+class Difference:
+    """One recorded quantity that differs at one step, with the tensors involved."""
+
+    kind: str
+    step: int
+    names: list[str] = field(default_factory=list)
+    runs: tuple[int, int] = (0, 1)
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.kind]
+
+
+@dataclass
+class CheckResult:
+    """The outcome of comparing N runs (as data; render it with the CLI or ``to_json``)."""
+
+    verdict: str  # "identical" | "diverged"
+    runs: list[str]
+    step_mode: str
+    steps: list[int]
+    first_step: int | None = None
+    first: list[Difference] = field(default_factory=list)  # what differs at the first divergent step
+    kind_first_steps: dict[str, int] = field(default_factory=dict)
+    cause: str | None = None
+    losses: list[list[float | None]] = field(default_factory=list)
+    loss_delta: list[float | None] = field(default_factory=list)
+    param_delta: dict[int, float] = field(default_factory=dict)  # step -> max |Δ| over parameters
+    final_max_abs_delta: float | None = None
+    final_max_abs_delta_tensor: str | None = None
+    max_ulp: int | None = None
+    max_ulp_tensor: str | None = None
+    # NaN/Inf positions that differ between runs (kept apart from |Δ|, which covers finite values only):
+    # {"step" (None = final), "tensor", "runs" (indices, as in Difference.runs), "text" (runs numbered from 1)}
+    nonfinite: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # max |Δ| of gradients and optimizer state where they first differ (from values/grads_N.pt, state_N.pt)
+    value_deltas: list[dict[str, Any]] = field(default_factory=list)
+    params_identical: bool | None = None  # no parameter differs at any step nor at the end
+    value_delta_text: str | None = None  # "parameters identical so far; gradients differ by up to ..."
+    compiled: dict[str, Any] | None = None  # torch.compile'd regions and whether the divergence lies in them
+    working_directory: dict[str, Any] | None = None  # check's watch on its cwd (see note_shared_workdir)
+
+    @property
+    def explanation(self) -> str | None:
+        return explain(self.cause, self.working_directory) if self.cause else None
+
+    @property
+    def action(self) -> str | None:
+        return CAUSES[self.cause][1] if self.cause else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "verdict": self.verdict,
+            "runs": self.runs,
+            "step_mode": self.step_mode,
+            "steps": self.steps,
+            "first_divergent_step": self.first_step,
+            "diverged_first": [asdict(d) | {"label": d.label} for d in self.first],
+            "first_step_by_kind": self.kind_first_steps,
+            "cause": self.cause,
+            "explanation": self.explanation,
+            "action": self.action,
+            "losses": self.losses,
+            "loss_max_abs_delta": self.loss_delta,
+            "param_max_abs_delta": {str(k): v for k, v in sorted(self.param_delta.items())},
+            "final_max_abs_delta_weight": self.final_max_abs_delta,
+            "final_max_abs_delta_tensor": self.final_max_abs_delta_tensor,
+            "max_ulp_distance": self.max_ulp,
+            "max_ulp_tensor": self.max_ulp_tensor,
+            "nonfinite_differences": self.nonfinite,
+            "notes": self.notes,
+            "value_deltas": self.value_deltas,
+            "parameters_identical": self.params_identical,
+            "value_delta_text": self.value_delta_text,
+            "compiled": self.compiled,
+            "working_directory": self.working_directory,
+        }
+
+
+def explain(cause: str, working_directory: dict[str, Any] | None = None) -> str:
+    """The cause's explanation; for a shared working directory, with the files named."""
+    shared = (working_directory or {}).get("read_from_earlier_run") or []
+    return CAUSES[cause][0].format(files=shared_text(shared))
+
+
+def shared_workdir_warning(shared: list[dict[str, Any]]) -> str | None:
+    """What to tell when later runs read files an earlier run wrote in the shared working directory (or None)."""
+    return f"{explain(SHARED_CWD, {'read_from_earlier_run': shared})} {CAUSES[SHARED_CWD][1]}" if shared else None
+
+
+def note_shared_workdir(result: CheckResult, watch: dict[str, Any]) -> None:
+    """Attach ``check``'s watch on its working directory to ``result``. When a later run read what an earlier
+    one wrote there, the comparison is void: a divergence is blamed on that (the cause found otherwise is kept
+    as ``cause_otherwise``), and an identical verdict gets the warning."""
+    shared = watch.get("read_from_earlier_run") or []
+    result.working_directory = watch | {"warning": shared_workdir_warning(shared)}
+    if shared and result.verdict == "diverged":
+        result.working_directory["cause_otherwise"] = result.cause
+        result.cause = SHARED_CWD
+    if watch.get("watch_truncated"):
+        result.notes.append(f"The working directory holds more than {watch.get('watched_entries_limit')} files and "
+                            "folders: only the first ones were watched for files one run writes and a later run "
+                            "reads (run check from the project's own directory, or use --fresh-cwd).")
+
+
+# --- can the runs be compared at all? ------------------------------------------------------------------
+_PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?|py(\.exe)?", re.IGNORECASE)
+_LIST_LIMIT = 5
+
+
+def _basename(word: str) -> str:
+    return re.split(r"[\\/]", word)[-1]
+
+
+def command_key(command: list[str]) -> list[str]:
+    """A command as compared between runs: the interpreter is ``python`` whatever its path, and the script is its
+    file name, so that the same command on two machines (other Python installs, other folders) compares equal.
+
+    >>> command_key(["/usr/bin/python3.11", "/home/a/train.py", "--lr", "0.1"])
+    ['python', 'train.py', '--lr', '0.1']
+    """
+    words = [str(w) for w in command]
+    if words and _PYTHON_NAME.fullmatch(_basename(words[0])):
+        words[0] = "python"
+    else:
+        words.insert(0, "python")
+    for i in range(1, len(words)):
+        if words[i] in ("-m", "-c"):
+            break
+        if not words[i].startswith("-"):
+            words[i] = _basename(words[i])
+            break
+    return words
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:_LIST_LIMIT]) + (f" (+{len(names) - _LIST_LIMIT} more)" if len(names) > _LIST_LIMIT else "")
+
+
+def _command_changes(a: list[str], b: list[str], i: int) -> str:
+    """What differs between two commands' words, e.g. ``'0.1' in run 1 vs '0.2' in run 2``."""
+    parts = []
+    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        x, y = " ".join(a[a1:a2]), " ".join(b[b1:b2])
+        if tag == "replace":
+            parts.append(f"{x!r} in run 1 vs {y!r} in run {i}")
+        elif tag == "delete":
+            parts.append(f"{x!r} only in run 1")
+        elif tag == "insert":
+            parts.append(f"{y!r} only in run {i}")
+    return "; ".join(parts)
+
+
+def _param_names(run: Run) -> list[str] | None:
+    """Parameter names from the first event that lists them (init, else the first step, else final)."""
+    for event in run.of_kind("init")[:1] + run.steps()[:1] + run.of_kind("final")[:1]:
+        if isinstance(event.get("params"), dict):
+            return list(event["params"])
+    return None
+
+
+def _param_specs(run: Run) -> dict[str, str] | None:
+    """``{name: "[3, 4] float32"}`` from saved values (memory-mapped, not read), or None without values."""
+    for name in ("init", "final"):
+        values = run.values(name, mmap=True)
+        if values is not None:
+            return {k: f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for k, t in values.items()}
+    return None
+
+
+def fingerprint_algorithm(run: Run) -> str | None:
+    """The fingerprint algorithm(s) a run used; runs from before the manifest named it used the legacy one."""
+    if "fingerprint_algorithm" not in run.manifest:
+        return LEGACY_ALGORITHM
+    value = run.manifest["fingerprint_algorithm"]
+    return str(value) if value else None  # null: nothing fingerprinted, or the script died before saying
+
+
+def check_comparable(runs: list[Run]) -> None:
+    """Raise :class:`RunsNotComparableError` when runs ran different commands or built different models.
+
+    Parameter names come from the trace; shapes and dtypes from saved values (when both runs have them).
+    """
+    problems: list[str] = []
+    same_command = True
+    same_algorithm = True
+    base = runs[0]
+    for i, other in enumerate(runs[1:], start=2):
+        fa, fb = fingerprint_algorithm(base), fingerprint_algorithm(other)
+        if fa and fb and fa != fb:
+            same_algorithm = False
+            problems.append(f"they fingerprinted tensors with different algorithms: run 1 with {fa}, run {i} with "
+                            f"{fb}; equal values get different fingerprints, so no step can be compared")
+        ca, cb = base.manifest.get("command"), other.manifest.get("command")
+        if isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
+            same_command = False
+            problems.append(f"they ran different commands: run 1 ran `{' '.join(map(str, ca))}`, run {i} ran "
+                            f"`{' '.join(map(str, cb))}` ({_command_changes(command_key(ca), command_key(cb), i)})")
+        na, nb = _param_names(base), _param_names(other)
+        if na is not None and nb is not None:
+            only_a, only_b = [n for n in na if n not in set(nb)], [n for n in nb if n not in set(na)]
+            if only_a:
+                problems.append(f"run 1's model has {len(only_a)} parameter(s) that run {i}'s lacks: {_some(only_a)}")
+            if only_b:
+                problems.append(f"run {i}'s model has {len(only_b)} parameter(s) that run 1's lacks: {_some(only_b)}")
+        sa, sb = _param_specs(base), _param_specs(other)
+        if sa is not None and sb is not None:
+            changed = [f"{n}: {sa[n]} in run 1, {sb[n]} in run {i}" for n in sa if n in sb and sa[n] != sb[n]]
+            if changed:
+                problems.append(f"{len(changed)} parameter(s) differ in shape or dtype: {_some(changed)}")
+    if not problems:
+        return
+    paths = "Runs: " + ", ".join(f"{k} = {r.path}" for k, r in enumerate(runs, start=1)) + "."
+    if not same_algorithm:
+        action = ("Compare runs recorded by the same torchrepro version with the model on the same kind of device "
+                  "(CPU tensors are hashed with XXH3, tensors on other devices on the device itself).")
+    elif same_command:
+        action = ("The same command built models with different parameters: the model's structure depends on "
+                  "something that changes between runs (unseeded randomness, the environment, files it reads). "
+                  "Make it depend only on the command and seeded random numbers, then compare again.")
+    else:
+        action = ("torchrepro compares runs of the same command (e.g. the same training on two machines); record "
+                  "both runs with one command and model, then compare again.")
+    raise RunsNotComparableError(problems, f"{action} {paths}")
+
+
+def _diff_maps(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    a, b = a or {}, b or {}
+    return [k for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
+
+
+def _diff_lists(a: list[Any] | None, b: list[Any] | None, label: str) -> list[str]:
+    a, b = a or [], b or []
+    names = [f"{label}[{i}]" for i in range(max(len(a), len(b))) if i >= len(a) or i >= len(b) or a[i] != b[i]]
+    return names
+
+
+def _step_fields(step: dict[str, Any], mode: str) -> dict[str, Any]:
+    losses = [x.get("fp") for x in step.get("losses", [])] if mode == "optimizer" else [step["loss"].get("fp")]
+    return {"batches": step.get("batches", []), "loss": losses, "grads": step.get("grads"),
+            "params": step.get("params"), "state": step.get("state")}
+
+
+def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
+    """Every kind's first difference between two runs (at most one per kind)."""
+    found: dict[str, Difference] = {}
+    init_a, init_b = a.of_kind("init"), b.of_kind("init")
+    if init_a and init_b:
+        names = _diff_maps(init_a[0].get("params"), init_b[0].get("params"))
+        if names:
+            found["init"] = Difference("init", 0, names, (ia, ib))
+    sa, sb = a.steps(), b.steps()
+    for k, (x, y) in enumerate(zip(sa, sb), start=1):
+        fx, fy = _step_fields(x, a.step_mode), _step_fields(y, b.step_mode)
+        for kind in ("batches", "loss", "grads", "params", "state"):
+            if kind in found:
+                continue
+            if kind in ("batches", "loss"):
+                names = _diff_lists(fx[kind], fy[kind], "batch" if kind == "batches" else "loss")
+            else:
+                names = _diff_maps(fx[kind], fy[kind])
+            if names:
+                found[kind] = Difference(kind, k, names, (ia, ib))
+    n = min(len(sa), len(sb))
+    if "params" not in found:
+        fa, fb = a.of_kind("final"), b.of_kind("final")
+        if fa and fb and len(sa) == len(sb):
+            names = _diff_maps(fa[0].get("params"), fb[0].get("params"))
+            if names:
+                found["params"] = Difference("params", max(n, 1), names, (ia, ib))
+    if len(sa) != len(sb):
+        counts = [f"run {ia + 1}: {len(sa)} steps", f"run {ib + 1}: {len(sb)} steps"]
+        found["steps"] = Difference("steps", n + 1, counts, (ia, ib))
+    return sorted(found.values(), key=lambda d: (d.step, KINDS.index(d.kind)))
+
+
+def _loss_value(step: dict[str, Any], mode: str) -> float | None:
+    entries = step.get("losses", []) if mode == "optimizer" else [step.get("loss", {})]
+    values = [e.get("value") for e in entries if e.get("value") is not None]
+    return float.fromhex(values[-1]) if values else None
+
+
+def _same_float(x: float, y: float) -> bool:
+    return x == y or (math.isnan(x) and math.isnan(y))
+
+
+def _loss_deltas(result: CheckResult) -> None:
+    """Per-step max |Δ loss| over runs (None when a loss is missing, or NaN/Inf in one run only; the first
+    such step is reported in ``result.nonfinite``)."""
+    seen = False
+    for k in range(min(len(x) for x in result.losses)):
+        vals = [x[k] for x in result.losses]
+        if any(v is None for v in vals):
+            result.loss_delta.append(None)
+            continue
+        base, worst = vals[0], 0.0
+        for i, v in enumerate(vals[1:], start=2):
+            if _same_float(base, v):  # type: ignore[arg-type]
+                continue
+            if math.isfinite(base) and math.isfinite(v):  # type: ignore[arg-type]
+                worst = max(worst, abs(v - base))  # type: ignore[operator]
+                continue
+            worst = math.nan
+            if not seen:
+                result.nonfinite.append({"step": k + 1, "tensor": "loss", "runs": [0, i - 1], "text":
+                                         f"loss: {base!r} in run 1, {v!r} in run {i}"})
+        seen = seen or math.isnan(worst)
+        result.loss_delta.append(None if math.isnan(worst) else worst)
+
+
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with the same bits are equal; -0.0 and 0.0 are not)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    ra, rb = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
+    if ra.dtype != torch.bool:
+        ra, rb = ra.view(torch.uint8), rb.view(torch.uint8)
+    return bool(torch.equal(ra, rb))
+
+
+def _ordered(x: torch.Tensor) -> torch.Tensor:
+    """Float bits mapped onto a monotonic integer line (as float64, exact up to 2**53)."""
+    ix = x.contiguous().view(_INT_VIEW[x.dtype]).long()
+    top = (1 << (torch.iinfo(_INT_VIEW[x.dtype]).bits - 1)) - 1
+    return torch.where(ix < 0, -(ix & top), ix).double()
+
+
+@dataclass
+class TensorDelta:
+    """How two same-shape tensors differ. |Δ| and ULPs cover positions finite in both; NaN/Inf are counted apart."""
+
+    equal: bool  # bitwise
+    max_abs: float = 0.0
+    max_ulp: int = 0
+    nan_only: tuple[int, int] = (0, 0)  # positions that are NaN in the first tensor only, in the second only
+    inf: int = 0  # positions where an ±Inf (in either) meets a different value that is not NaN
+
+    def nonfinite_text(self, name: str, run_a: int, run_b: int) -> list[str]:
+        """Sentences like ``param fc.weight: NaN at 3 positions in run 2 only`` (runs numbered from 1)."""
+        out = []
+        for count, run in zip(self.nan_only, (run_a, run_b)):
+            if count:
+                out.append(f"{name}: NaN at {count} position{'s' if count > 1 else ''} in run {run} only")
+        if self.inf:
+            out.append(f"{name}: ±Inf at {self.inf} position{'s' if self.inf > 1 else ''} where run {run_a} and "
+                       f"run {run_b} differ")
+        return out
+
+
+def tensor_delta(a: torch.Tensor, b: torch.Tensor) -> TensorDelta | None:
+    """Compare bits first (identical bits: Δ 0, even with NaNs), then values; None for different shapes or dtypes."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return None
+    if _same_bits(a, b):
+        return TensorDelta(True)
+    if not a.is_floating_point():
+        return TensorDelta(False)
+    a, b = a.detach(), b.detach()
+    na, nb = torch.isnan(a), torch.isnan(b)
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    inf = ~(na | nb) & ~finite & (a != b)
+    delta = TensorDelta(False, nan_only=(int((na & ~nb).sum()), int((nb & ~na).sum())), inf=int(inf.sum()))
+    if bool(finite.any()):
+        fa, fb = a[finite], b[finite]
+        delta.max_abs = min(float((fa.double() - fb.double()).abs().max()), sys.float_info.max)
+        if a.dtype in _INT_VIEW:
+            delta.max_ulp = int((_ordered(fa) - _ordered(fb)).abs().max().item())
+    return delta
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two same-shape float tensors (0 if identical).
+
+    Positions where either value is NaN or ±Inf are left out (see :func:`tensor_delta`).
+    """
+    if a.dtype not in _INT_VIEW or a.shape != b.shape or a.numel() == 0:
+        return 0
+    d = tensor_delta(a, b)
+    return d.max_ulp if d is not None else 0
+
+
+def _deltas(va: dict[str, torch.Tensor], vb: dict[str, torch.Tensor]) -> dict[str, TensorDelta]:
+    """Per-tensor deltas of the tensors both snapshots hold with the same shape and dtype."""
+    out = {}
+    for name, x in va.items():
+        y = vb.get(name)
+        d = tensor_delta(x, y) if y is not None else None
+        if d is not None:
+            out[name] = d
+    return out
+
+
+def _worst(deltas: dict[str, TensorDelta], attr: str) -> tuple[float, str | None]:
+    """Largest ``attr`` (finite |Δ| or ULPs) and its tensor; the first differing tensor when all are 0."""
+    best, where = 0.0, None
+    for name, d in deltas.items():
+        if not d.equal and (getattr(d, attr) > best or where is None):
+            best, where = getattr(d, attr), name
+    return best, where
+
+
+def _nonfinite(deltas: dict[str, TensorDelta], step: int | None, run: int) -> list[dict[str, Any]]:
+    """Entries for ``CheckResult.nonfinite``: NaN/Inf positions that differ between run 1 and ``run``."""
+    out = []
+    for name, d in deltas.items():
+        for text in d.nonfinite_text(name, 1, run):
+            out.append({"step": step, "tensor": name, "runs": [0, run - 1], "nan_only": list(d.nan_only),
+                        "inf": d.inf, "text": text})
+    return out
+
+
+def _values_name(step: int, mode: str) -> str:
+    return f"step_{step:06d}" if mode == "optimizer" else f"backward_{step:06d}"
+
+
+def _unreadable_notes(runs: list[Run]) -> list[str]:
+    """What a recorder could not read or save ("unreadable: <reason>", ``values_error``): it was not compared."""
+    notes: list[str] = []
+    for i, run in enumerate(runs, start=1):
+        batches = [(k, b) for k, s in enumerate(run.steps(), start=1) for b in s.get("batches", [])
+                   if str(b).startswith(UNREADABLE)]
+        if batches:
+            k, b = batches[0]
+            notes.append(f"Run {i}: {len(batches)} data batch(es) could not be read, the first at step {k} "
+                         f"({b[len(UNREADABLE):]}); their data was not compared, so a divergence from step {k} on "
+                         "may come from the data. Return tensors, arrays, numbers, strings, lists, dicts, "
+                         "dataclasses or named tuples from the dataset and collate_fn.")
+        tensors = sorted({f"{e.get('kind')} {name}" for e in run.events for part in ("params", "grads", "state")
+                          for name, fp in (e.get(part) or {}).items() if str(fp).startswith(UNREADABLE)})
+        if tensors:
+            notes.append(f"Run {i}: {len(tensors)} recorded tensor(s) could not be fingerprinted and were not "
+                         f"compared: {', '.join(tensors[:3])}{' ...' if len(tensors) > 3 else ''} (see trace.jsonl).")
+        if run.manifest.get("values_error"):
+            failed = run.manifest.get("values_failed") or ["?"]
+            notes.append(f"Run {i}: parameter values are unavailable from {failed[0]!r} on "
+                         f"({run.manifest['values_error']}), so max |Δ weight| misses those steps.")
+    return notes
+
+
+def compare_runs(runs: list[Run]) -> CheckResult:
+    """Compare every run with the first one; the earliest divergence over all pairs is reported."""
+    if len(runs) < 2:
+        raise ValueError("compare_runs needs at least two runs")
+    check_comparable(runs)
+    mode = runs[0].step_mode
+    result = CheckResult(verdict="identical", runs=[str(r.path) for r in runs], step_mode=mode,
+                         steps=[len(r.steps()) for r in runs])
+    diffs: list[Difference] = []
+    for i, other in enumerate(runs[1:], start=1):
+        if other.step_mode != mode:
+            diffs.append(Difference("steps", 1, [f"run 1 steps by {mode}", f"run {i + 1} steps by {other.step_mode}"],
+                                    (0, i)))
+            continue
+        diffs.extend(_pair_differences(runs[0], other, 0, i))
+    result.losses = [[_loss_value(s, mode) for s in r.steps()] for r in runs]
+    result.compiled = _compiled_regions(runs)
+    _loss_deltas(result)
+    result.notes += _unreadable_notes(runs)
+    if mode == "backward":
+        result.notes.append("The script updates parameters without torch.optim, so each backward() call is "
+                            "treated as one step.")
+    if not diffs:
+        return result
+
+    result.verdict = "diverged"
+    result.first_step = min(d.step for d in diffs)
+    first: dict[str, Difference] = {}
+    for d in sorted(diffs, key=lambda d: (d.step, KINDS.index(d.kind))):
+        result.kind_first_steps.setdefault(d.kind, d.step)
+        if d.step == result.first_step:
+            first.setdefault(d.kind, d)
+    result.first = sorted(first.values(), key=lambda d: KINDS.index(d.kind))
+    kinds = {d.kind for d in result.first}
+    if "init" in result.kind_first_steps:
+        result.cause = "initial-weights"
+    elif result.first[0].kind == "batches":
+        result.cause = "data"
+    elif kinds <= {"steps"}:
+        result.cause = "steps"
+    else:
+        result.cause = "compute"
+    _growth(runs, result)
+    _value_deltas(runs, result)
+    _in_compiled_code(result)
+    return result
+
+
+# --- gradients and optimizer state while the parameters are still identical ------------------------------
+_VALUE_KINDS = {"grads": ("grads", "gradients differ"), "state": ("state", "optimizer state differs")}
+
+
+def _differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
+    if a.dtype in _INT_VIEW:
+        return int((a.contiguous().view(_INT_VIEW[a.dtype]) != b.contiguous().view(_INT_VIEW[b.dtype])).sum())
+    return int((a != b).sum())
+
+
+def _value_deltas(runs: list[Run], result: CheckResult) -> None:
+    """max |Δ| of the gradients and optimizer state at the step where each first differs, from the value snapshots
+    the recorder keeps of the first steps (``values/grads_N.pt``, ``values/state_N.pt``); and the sentence saying
+    so while the parameters are identical."""
+    result.params_identical = "params" not in result.kind_first_steps and "init" not in result.kind_first_steps
+    parts: list[str] = []
+    for kind, (prefix, label) in _VALUE_KINDS.items():
+        step = result.kind_first_steps.get(kind)
+        if step is None:
+            continue
+        name = f"{prefix}_{step:06d}"
+        va = runs[0].values(name)
+        entry: dict[str, Any] = {"kind": kind, "step": step, "max_abs_delta": None, "tensor": None,
+                                 "elements_differing": None, "elements": None, "max_ulp": None}
+        if va is not None:
+            for other in runs[1:]:
+                vb = other.values(name)
+                if vb is None:
+                    continue
+                deltas = _deltas(va, vb)
+                m, where = _worst(deltas, "max_abs")
+                if where is not None and (entry["max_abs_delta"] is None or m > entry["max_abs_delta"]):
+                    differing = [n for n, d in deltas.items() if not d.equal]
+                    entry.update(max_abs_delta=m, tensor=where, max_ulp=deltas[where].max_ulp,
+                                 elements_differing=sum(_differing_elements(va[n], vb[n]) for n in differing),
+                                 elements=sum(va[n].numel() for n in differing))
+        result.value_deltas.append(entry)
+        if entry["max_abs_delta"] is not None:
+            parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, {entry['tensor']}; "
+                         f"{entry['elements_differing']} of {entry['elements']} elements differ)")
+        else:
+            parts.append(f"{label} from step {step} on (by how much is unknown: no snapshot of that step was "
+                         "kept; check keeps them for the first 3 steps when they fit in the values budget)")
+    if parts:
+        head = "parameters identical so far; " if result.params_identical else ""
+        result.value_delta_text = head + "; ".join(parts)
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------
+def _compiled_regions(runs: list[Run]) -> dict[str, Any] | None:
+    """The compiled regions run 1 recorded (``manifest["compiled"]``), or None when nothing was compiled."""
+    regions = runs[0].manifest.get("compiled") or []
+    return {"regions": regions, "in_compiled_code": None, "region": None, "tensors": [], "text": None} if regions \
+        else None
+
+
+def region_text(region: dict[str, Any]) -> str:
+    """``TinyGPT compiled at train.py:79 (`model = torch.compile(model)`, backend inductor, mode default)``."""
+    where = f" at {region['file']}:{region['line']}" if region.get("file") else ""
+    code = f"`{region['code']}`, " if region.get("code") else ""
+    path = f" (module path {region['module_path']!r})" if region.get("module_path") else ""
+    return (f"{region['target']}{path} compiled{where} ({code}backend {region.get('backend')}, "
+            f"mode {region.get('mode') or 'default'})")
+
+
+def _in_compiled_code(result: CheckResult) -> None:
+    """Whether the first divergent tensors belong to a compiled module (by parameter name prefix)."""
+    info = result.compiled
+    if info is None or result.verdict != "diverged":
+        return
+    names = [n for d in result.first if d.kind in ("loss", "grads", "params", "state") for n in d.names]
+    losses = any(d.kind == "loss" for d in result.first)
+    for region in info["regions"]:
+        prefix = region.get("param_prefix")
+        if prefix is None:
+            continue
+        mine = [n for n in names if n.startswith(prefix)]
+        if losses and region.get("module_path") == "":  # the whole model is compiled: so is its loss
+            mine = mine or [n for n in names if n.startswith("loss")]
+        if mine:
+            info.update(in_compiled_code=True, region=region["index"], tensors=mine)
+            info["text"] = (f"the first divergent tensors ({', '.join(mine[:3])}{' ...' if len(mine) > 3 else ''}) "
+                            f"are computed by code that torch.compile generated: {region_text(region)}. "
+                            "`--locate` measures the compiled kernels themselves.")
+            return
+    functions = [r for r in info["regions"] if r.get("param_prefix") is None]
+    if functions:
+        info["text"] = ("the script compiles functions whose tensors cannot be told apart by name ("
+                        + "; ".join(region_text(r) for r in functions[:3]) + "): the divergence may lie in them.")
+    else:
+        info["in_compiled_code"] = False
+        info["text"] = ("the first divergent tensors are not computed by the compiled modules ("
+                        + "; ".join(region_text(r) for r in info["regions"][:3]) + ").")
+
+
+def _growth(runs: list[Run], result: CheckResult) -> None:
+    """Per-step max |Δ parameter| and final max |Δ weight| and ULP distance, from saved values.
+
+    |Δ| and ULPs cover values finite in both runs; NaN/Inf positions that differ go to ``result.nonfinite``
+    (at the first step that has any, and at the end).
+    """
+    base = runs[0]
+    mode = result.step_mode
+    nonfinite_step_seen = False
+    for k in range(0, min(result.steps) + 1):
+        name = "init" if k == 0 else _values_name(k, mode)
+        va = base.values(name)
+        if va is None:
+            continue
+        worst = 0.0
+        found: list[dict[str, Any]] = []
+        for i, other in enumerate(runs[1:], start=2):
+            vb = other.values(name)
+            if vb is not None:
+                deltas = _deltas(va, vb)
+                worst = max(worst, _worst(deltas, "max_abs")[0])
+                found += _nonfinite(deltas, k, i)
+        result.param_delta[k] = worst
+        if found and not nonfinite_step_seen:
+            result.nonfinite += found
+            nonfinite_step_seen = True
+    fa = base.values("final")
+    if fa is None:
+        result.notes.append("Parameter values were not saved, so max |Δ weight| is unknown (record with values).")
+        return
+    for i, other in enumerate(runs[1:], start=2):
+        fb = other.values("final")
+        if fb is None:
+            continue
+        deltas = _deltas(fa, fb)
+        m, where = _worst(deltas, "max_abs")
+        if result.final_max_abs_delta is None or m > result.final_max_abs_delta:
+            result.final_max_abs_delta, result.final_max_abs_delta_tensor = m, where
+        u, uwhere = _worst(deltas, "max_ulp")
+        if result.max_ulp is None or u > result.max_ulp:
+            result.max_ulp, result.max_ulp_tensor = int(u), uwhere
+        result.nonfinite += _nonfinite(deltas, None, i)

@@ -1,0 +1,772 @@
+"""Launching an unmodified Python training script with recording installed (layer L2).
+
+The parent (``torchrepro run``) fixes the environment and starts ``python -m torchrepro.record.launcher ARGS`` as a
+child; the child applies the seed and deterministic mode, installs the :class:`~torchrepro.record.recorder.Recorder`,
+and runs the user's script as ``__main__`` with its own ``sys.argv``. The parent then writes ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import io
+import json
+import os
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .._core.errors import Interrupted, ReproError, StateFileError
+from .._core.io import atomic_write_json
+from .._core.readjson import field_problems, read_json
+from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
+from .store import read_trace_lines, write_manifest
+
+CONFIG_ENV = "TORCHREPRO_LAUNCH"
+PARENT_ENV = "TORCHREPRO_PARENT_PID"
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?")
+_PY_FLAGS_PASSED = {"-u", "-B", "-O", "-OO", "-q", "-s"}
+_PY_FLAGS_REFUSED = {"-E": "ignores PYTHONHASHSEED and the other variables torchrepro sets",
+                     "-I": "ignores PYTHONHASHSEED and the other variables torchrepro sets"}
+_USAGE = "Pass `python train.py [ARGS]`, `python -m package.module [ARGS]`, `python -c CODE` or `train.py [ARGS]`."
+
+
+class CommandError(ReproError):
+    """A command that torchrepro cannot launch with recording."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run in the child: a script path, a module or code, its argv, and the interpreter to run it with."""
+
+    kind: str  # "path", "module" or "code"
+    target: str
+    argv: list[str]
+    interpreter: str = sys.executable
+    python_flags: tuple[str, ...] = ()
+
+    def child_command(self) -> list[str]:
+        """The child's command line: the user's interpreter running the torchrepro launcher."""
+        return [self.interpreter, *self.python_flags, "-m", "torchrepro.record.launcher", self.kind, self.target,
+                *self.argv[1:]]
+
+
+def is_interpreter(word: str) -> bool:
+    """``python``, ``python3``, ``/usr/bin/python3.11`` -- but not ``python_train.py``."""
+    return bool(_PYTHON_NAME.fullmatch(Path(word).name))
+
+
+def parse_python_command(command: list[str]) -> Target:
+    """Understand ``python train.py ARGS``, ``python -m pkg.mod ARGS``, ``python -c CODE`` or ``train.py ARGS``.
+
+    The interpreter named in the command is the one that runs the script (it must have torchrepro installed);
+    a script given without an interpreter runs with the current one.
+
+    >>> parse_python_command(["train.py", "--lr", "0.1"]).argv
+    ['train.py', '--lr', '0.1']
+    """
+    if not command:
+        raise CommandError("no command given. Usage: torchrepro run [OPTIONS] -- python train.py [ARGS]")
+    args = list(command)
+    interpreter, flags = sys.executable, []
+    if is_interpreter(args[0]):
+        interpreter = resolve_interpreter(args[0])
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] not in ("-m", "-c", "-"):
+            if args[0] in _PY_FLAGS_REFUSED:
+                raise CommandError(f"python option {args[0]} {_PY_FLAGS_REFUSED[args[0]]}; remove it.")
+            if args[0] not in _PY_FLAGS_PASSED:
+                raise CommandError(f"python option {args[0]!r} is not supported by torchrepro (supported: "
+                                   f"{' '.join(sorted(_PY_FLAGS_PASSED))}). {_USAGE}")
+            flags.append(args.pop(0))
+        if args[:1] in (["-m"], ["-c"]):
+            if len(args) < 2:
+                raise CommandError(f"`python {args[0]}` needs an argument, e.g. `python -m mypkg.train` or "
+                                   "`python -c 'import train; train.main()'`.")
+            kind = "module" if args[0] == "-m" else "code"
+            argv = [args[1] if kind == "module" else "-c", *args[2:]]
+            return Target(kind, args[1], argv, interpreter, tuple(flags))
+    if command and Path(command[0]).name in _TORCHRUN_NAMES:
+        raise CommandError(f"this command does not take torchrun commands ({' '.join(command)!r}); `torchrepro run` "
+                           "and `check` do: `torchrepro check -- torchrun --nproc-per-node N train.py`.")
+    if not args or not args[0].endswith(".py"):
+        raise CommandError(f"torchrepro records Python training scripts; got {' '.join(command)!r}. {_USAGE}")
+    if not Path(args[0]).is_file():
+        raise CommandError(f"script {args[0]!r} does not exist (working directory {os.getcwd()}).")
+    return Target("path", args[0], args, interpreter, tuple(flags))
+
+
+def resolve_interpreter(name: str) -> str:
+    """The path of the interpreter ``name`` (a path, or a name looked up on PATH); it must import torchrepro."""
+    path = name if os.sep in name or (os.altsep and os.altsep in name) else shutil.which(name)
+    if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        where = "on PATH" if path is None else "(no such executable file)"
+        raise CommandError(f"the interpreter {name!r} in your command was not found {where}. Name an existing "
+                           f"Python, e.g. `-- {sys.executable} train.py`, or give only the script: `-- train.py`.")
+    path = os.path.abspath(path)
+    _check_importable(path)
+    return path
+
+
+@functools.cache
+def _check_importable(interpreter: str) -> None:
+    if interpreter == os.path.abspath(sys.executable):
+        return
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torchrepro') else 7)"
+    try:
+        rc = subprocess.run([interpreter, "-c", probe], capture_output=True, timeout=120).returncode
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CommandError(f"cannot start the interpreter {interpreter!r} ({exc}).") from None
+    if rc != 0:
+        raise CommandError(
+            f"torchrepro is not installed for the interpreter in your command ({interpreter}), so it cannot record "
+            f"the script there. Install it into that environment (`{interpreter} -m pip install torchrepro`), "
+            f"or run the script with the Python that has torchrepro: `-- {sys.executable} train.py`.")
+
+
+# --- torchrun ------------------------------------------------------------------------------------------------
+_TORCHRUN_NAMES = {"torchrun", "torchrun.exe"}
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+# torchrun options whose value changes what is run: check refuses them unless they have these values
+_TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": (0,), "no_python": (False,),
+                     "virtual_local_rank": (False,)}
+
+
+TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.record.launcher torchrun ARGS``: torch.distributed.run, tied to us
+
+
+def torchrun_command(target: Target, nproc_per_node: int) -> list[str]:
+    """``torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher, run by
+    :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro)."""
+    return [target.interpreter, *target.python_flags, "-m", "torchrepro.record.launcher", TORCHRUN_KIND, "--standalone",
+            f"--nproc-per-node={nproc_per_node}", "--no-python", *target.child_command()]
+
+
+def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
+    """``torchrun [OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``) as ``(python command,
+    nproc_per_node)``; None when ``command`` is not a torchrun command.
+
+    torchrun's own parser reads the options. Only one node is supported; rendezvous and logging options are
+    replaced (each run gets ``--standalone``); options that change what runs (``--nnodes`` > 1, restarts,
+    ``--no-python``) are refused.
+
+    >>> parse_torchrun_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])  # doctest: +SKIP
+    (['python', 'train.py', '--lr', '0.1'], 2)
+    """
+    words = list(command)
+    interpreter = "python"
+    if words and Path(words[0]).name in _TORCHRUN_NAMES:
+        rest = words[1:]
+    elif len(words) >= 3 and is_interpreter(words[0]) and words[1] == "-m" and words[2] in _TORCHRUN_MODULES:
+        interpreter, rest = words[0], words[3:]
+    else:
+        return None
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            args = parser.parse_args(rest)
+    except SystemExit:
+        raise CommandError(f"cannot read the torchrun command `{' '.join(command)}`: "
+                           f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else 'bad options'}"
+                           ".") from None
+    defaults = vars(parser.parse_args([args.training_script]))
+    for name, allowed in _TORCHRUN_REFUSED.items():
+        if getattr(args, name) not in allowed and getattr(args, name) != defaults[name]:
+            raise CommandError(f"torchrepro runs torchrun commands on one machine, without restarts, with Python "
+                               f"scripts; remove --{name.replace('_', '-')} {getattr(args, name)} from "
+                               f"`{' '.join(command)}`.")
+    try:
+        nproc = int(args.nproc_per_node)
+    except ValueError:
+        raise CommandError(f"torchrun's --nproc-per-node {args.nproc_per_node} is not a number; torchrepro needs the "
+                           "number of ranks, e.g. --nproc-per-node 2.") from None
+    if nproc < 1:
+        raise CommandError(f"torchrun's --nproc-per-node must be at least 1, got {nproc}.")
+    script = ["-m", args.training_script] if args.module else [args.training_script]
+    return [interpreter, *script, *args.training_script_args], nproc
+
+
+def ranks_command(command: list[str], nproc_per_node: int | None) -> tuple[list[str], int | None]:
+    """The Python command to record and its number of ranks: a torchrun command is unwrapped (its
+    ``--nproc-per-node`` must agree with ``nproc_per_node`` when both are given); others pass through."""
+    parsed = parse_torchrun_command(command)
+    if parsed is None:
+        return command, nproc_per_node
+    python_command, n = parsed
+    if nproc_per_node is not None and nproc_per_node != n:
+        raise CommandError(f"--nproc-per-node {nproc_per_node} disagrees with the torchrun command's --nproc-per-node "
+                           f"{n}; give the number of ranks once.")
+    return python_command, n
+
+
+@dataclass
+class LaunchOptions:
+    record: str | None = None
+    seed: int | None = None
+    deterministic: bool = False
+    max_steps: int | None = None
+    keep_values: bool = False
+    values_budget: int | None = None  # bytes of value snapshots per run (None: the recorder's default)
+    value_schedule: str = "every"  # which steps get value snapshots: every | sampled (see record.sampled_step)
+    trace_steps: list[int] | None = None  # [first, last] steps to trace op by op (see optrace)
+    trace_mode: str = "optimizer"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    audit: bool = False  # watch seeding, DataLoaders, autocast and CUBLAS_WORKSPACE_CONFIG (envinfo.ScriptProbe)
+    timing: bool = False  # record step boundaries only (no fingerprints), device-synchronised: see bench
+    torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
+    nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
+    rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
+    cwd: str | None = None  # the script's working directory (None: this process's); see check --fresh-cwd
+    watch_since_ns: int | None = None  # audit reads under the cwd of files changed since then (workdir.ReadAudit)
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    status: str  # ok | failed | killed | stopped-at-max-steps
+    record: str | None
+    manifest: dict[str, Any] | None
+
+
+def child_env(opts: LaunchOptions) -> dict[str, str]:
+    """The child's environment: PYTHONHASHSEED fixed, seed and cuBLAS config set before user code runs.
+
+    PYTHONHASHSEED is always set (to the seed, or 0): a value the user exported (``random``, say) would make
+    set and dict-of-str order differ from run to run, so it is overridden, and :func:`launch` says so.
+    """
+    env = dict(os.environ)
+    env.update(opts.extra_env)
+    env["PYTHONHASHSEED"] = hash_seed(opts)
+    if opts.seed is not None:
+        env["TORCHREPRO_SEED"] = str(opts.seed)
+    if opts.deterministic:
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    env[CONFIG_ENV] = json.dumps(asdict(opts))
+    env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
+    return env
+
+
+def hash_seed(opts: LaunchOptions) -> str:
+    return str(opts.seed) if opts.seed is not None else "0"
+
+
+def hash_seed_note(opts: LaunchOptions) -> str | None:
+    """A note when the user's PYTHONHASHSEED differs from the one the child gets; None otherwise."""
+    theirs = {**os.environ, **opts.extra_env}.get("PYTHONHASHSEED")
+    if theirs is None or theirs == hash_seed(opts):
+        return None
+    return (f"torchrepro: PYTHONHASHSEED={theirs} in your environment was replaced by PYTHONHASHSEED="
+            f"{hash_seed(opts)} so that str hashing (set and dict order) is the same in every run.")
+
+
+def prepare_run_dir(path: Path, *, flag: str = "--record") -> None:
+    """Create ``path``, or empty it of an earlier recording; refuse to touch a directory that is not a run."""
+    check_run_dir(path, flag=flag)
+    make_dir(path, flag=flag)
+    clear_run_dir(path)
+
+
+# Signals that stop a command: forwarded to the child, which is then waited for (SIGINT arrives as
+# KeyboardInterrupt). SIGKILL follows if the child has not ended GRACE_S seconds after the signal.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
+GRACE_S = 10.0
+
+
+class _SignalForwarder:
+    """While active, SIGTERM/SIGHUP to this process are passed on to the child instead of ending us at once."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[Any] | None = None
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = self.received or signum
+        self.forward(signum)
+
+    def forward(self, signum: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    def __enter__(self) -> _SignalForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def wait_for_child(self) -> None:
+        """Wait for the child to end after a forwarded signal; SIGKILL it after GRACE_S seconds."""
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
+           stderr: IO[Any] | None = None, on_poll: Any = None) -> RunResult:
+    """Run ``command`` recorded into ``opts.record``; write the manifest; return the outcome.
+
+    ``on_poll(steps_so_far)`` is called about five times a second while the script runs (progress display).
+    SIGINT, SIGTERM and SIGHUP are passed on to the script; once it has ended, the manifest of the partial run
+    is written and :class:`~torchrepro._core.errors.Interrupted` is raised.
+    """
+    target = parse_python_command(command)
+    note = hash_seed_note(opts)
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    if not opts.record:
+        return _run_child(target, command, opts, stdout, stderr, on_poll)
+    record = Path(opts.record)
+    check_run_dir(record, flag="--record")
+    make_dir(record, flag="--record")
+    with lock_dir(record):
+        clear_run_dir(record)
+        return _run_child(target, command, opts, stdout, stderr, on_poll)
+
+
+def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: IO[Any] | None,
+               stderr: IO[Any] | None, on_poll: Any) -> RunResult:
+    started = time.time()
+    counter = _StepCounter(Path(opts.record) / ("rank0" if opts.nproc_per_node else "")) if opts.record else None
+    with _SignalForwarder() as fwd:
+        try:
+            cmd = torchrun_command(target, opts.nproc_per_node) if opts.nproc_per_node else target.child_command()
+            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd)
+        except OSError as exc:
+            raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
+        fwd.proc = proc
+        try:
+            while proc.poll() is None and fwd.received is None:
+                if on_poll is not None and counter is not None:
+                    on_poll(counter())
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.2)
+        except KeyboardInterrupt:  # Ctrl-C reaches the child too; pass it on only if the child carries on
+            fwd.received = signal.SIGINT
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                fwd.forward(signal.SIGINT)
+        if fwd.received is not None:
+            fwd.wait_for_child()
+    result = _finish_run(command, opts, proc.returncode, started, interrupted=fwd.received,
+                         log=getattr(stderr, "name", None))
+    if fwd.received is not None:
+        name = signal.Signals(fwd.received).name
+        where = f"; the partial recording is in {opts.record}" if opts.record else ""
+        raise Interrupted(fwd.received, f"interrupted by {name}: stopped the script `{' '.join(command)}` "
+                                        f"(exit status {proc.returncode}){where}.")
+    return result
+
+
+def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float, *,
+                interrupted: int | None, log: Any = None) -> RunResult:
+    """Read the child's summary, write the manifest (for recorded runs) and classify the outcome."""
+    if opts.record and opts.nproc_per_node:
+        return _finish_ranks(command, opts, rc, started, interrupted=interrupted, log=log)
+    ended = time.time()
+    manifest = None
+    summary: dict[str, Any] = {}
+    if opts.record:
+        spath = Path(opts.record) / "child.json"
+        if os.path.lexists(spath):
+            summary = read_summary(spath)
+            spath.unlink()
+    status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
+    if rc == 0 and summary.get("stopped_at_max_steps"):
+        status = "stopped-at-max-steps"
+    if interrupted is not None:
+        status = "interrupted"
+    if opts.record:
+        events, truncated = read_trace_lines(opts.record)
+        if not summary:  # the child died before summarising: derive what we can from the trace
+            steps = sum(1 for e in events if e.get("kind") == "step")
+            backwards = sum(1 for e in events if e.get("kind") == "backward")
+            summary = {"step_mode": "optimizer" if steps else "backward", "steps": steps or backwards,
+                       "optimizer_steps": steps, "backward_calls": backwards}
+        summary["trace_records"] = len(events)
+        summary["trace_truncated"] = truncated
+        summary.setdefault("fingerprint_algorithm", None)  # null: the child died before naming it
+        manifest = {
+            "command": list(command),
+            "cwd": opts.cwd or os.getcwd(),
+            "exit_code": rc,
+            "signal": signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None,
+            "status": status,
+            "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
+            "seed": opts.seed,
+            "deterministic": opts.deterministic,
+            "max_steps": opts.max_steps,
+            "trace_steps": opts.trace_steps,
+            "pythonhashseed": hash_seed(opts),
+            "torch": summary.get("torch") or _torch_version(),
+            "started": started,
+            "duration_s": round(ended - started, 3),
+            **summary,
+        }
+        manifest = write_manifest(opts.record, manifest)
+    return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
+    """Exit codes by rank from torchrun's failure report, and the rank it names as the root cause (first failure)."""
+    codes = {int(r): int(c) for r, c in _FAILURE.findall(text)}
+    root = text.rfind("Root Cause")
+    found = _FAILURE.search(text, root) if root >= 0 else None
+    return codes, int(found.group(1)) if found else None
+
+
+def _rank_exit(rank_dir: Path, reported: dict[int, int], rank: int) -> tuple[int | None, float | None]:
+    """A rank's exit code and end time: from its launcher's summary, else from torchrun's report."""
+    summary = read_summary(rank_dir / "child.json")
+    if not {"child_exit_code", "child_ended"} <= set(summary) or field_problems(summary, _EXIT_FIELDS):
+        return reported.get(rank), None
+    return summary["child_exit_code"], float(summary["child_ended"])
+
+
+_EXIT_FIELDS = {"child_exit_code": ("int",), "child_ended": ("number",)}
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """The summary our child wrote (``child.json``), or ``{}`` when it is missing or unusable (the child was killed
+    while writing it, or something else is there): the caller then derives what it can from the trace."""
+    try:
+        summary = read_json(path)
+    except StateFileError:
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: float, *, interrupted: int | None,
+                  log: Any) -> RunResult:
+    """Write each rank's manifest (``RECORD/rank{R}``) and the run's (``RECORD/manifest.json``, listing the ranks)."""
+    record, n = Path(opts.record or "."), int(opts.nproc_per_node or 1)
+    text = ""
+    if isinstance(log, str) and os.path.isfile(log):
+        with contextlib.suppress(OSError):
+            text = Path(log).read_text(errors="replace")
+    reported, root = torchrun_failures(text)
+    ranks: dict[str, dict[str, Any]] = {}
+    ends: dict[int, float] = {}
+    for r in range(n):
+        rank_dir = record / f"rank{r}"
+        rank_dir.mkdir(exist_ok=True)
+        code, ended = _rank_exit(rank_dir, reported, r)
+        if ended is not None:
+            ends[r] = ended
+        sub = dataclasses.replace(opts, record=str(rank_dir), nproc_per_node=None)
+        rank_rc = code if code is not None else (rc if rc else 0)
+        res = _finish_run(command, sub, rank_rc, started, interrupted=interrupted)
+        # no exit status at all: torchrun stopped the rank after another one failed, or it ended abruptly
+        ranks[f"rank{r}"] = {"exit_code": code, "status": res.status if code is not None or not rc else "stopped",
+                             "steps": (res.manifest or {}).get("steps", 0)}
+    failed = [int(k[4:]) for k, v in ranks.items() if v["status"] not in ("ok", "stopped-at-max-steps")]
+    failed_ends = {r: ends[r] for r in failed if r in ends}
+    first = root if root is not None else (min(failed_ends, key=failed_ends.get) if failed_ends else
+                                           (failed[0] if failed else None))
+    status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
+    if rc == 0 and ranks and all(v["status"] == "stopped-at-max-steps" for v in ranks.values()):
+        status = "stopped-at-max-steps"
+    if interrupted is not None:
+        status = "interrupted"
+    first_rank = ranks.get("rank0", {})
+    manifest = write_manifest(record, {
+        "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
+        "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
+        "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
+        "ended_early": ended_early(ranks, ends, failed),
+        "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
+        "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
+        "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
+    })
+    return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+def ended_early(ranks: dict[str, dict[str, Any]], ends: dict[int, float], failed: list[int]) -> list[int]:
+    """The ranks that exited 0 (not at --max-steps) before any failed rank ended: the others were left waiting."""
+    if not failed:
+        return []
+    first_failure = min((ends[r] for r in failed if r in ends), default=float("inf"))
+    return [r for r in range(len(ranks))
+            if ranks[f"rank{r}"]["status"] == "ok" and ends.get(r, first_failure) < first_failure]
+
+
+class _StepCounter:
+    """Counts recorded steps by reading only what was appended to the trace since the last call."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "trace.jsonl"
+        self.offset = 0
+        self.steps = 0
+        self.backwards = 0
+        self._partial = b""
+
+    def __call__(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return 0
+        self.offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.steps += line.startswith(b'{"kind":"step"')
+            self.backwards += line.startswith(b'{"kind":"backward"')
+        return self.steps or self.backwards
+
+
+def _torch_version() -> str | None:
+    """torch's version from its metadata (the parent does not import torch: the child reports its own)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# --- the child side -----------------------------------------------------------------------------------
+def _set_tf32(on: bool) -> None:
+    """TF32 in cuBLAS matmuls and cuDNN convolutions/RNNs (through ``fp32_precision`` where torch has it)."""
+    import torch
+
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        precision = "tf32" if on else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = precision
+        conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
+
+def _set_cudnn_benchmark(on: bool) -> None:
+    import torch
+
+    torch.backends.cudnn.benchmark = on
+
+
+TORCH_FLAGS = {"cudnn_benchmark": _set_cudnn_benchmark, "tf32": _set_tf32}
+
+
+def peak_memory() -> dict[str, Any]:
+    """This process's peak memory: CUDA ``max_memory_allocated`` (largest device) if CUDA was used, else peak RSS."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        peak = max(torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count()))
+        return {"kind": "cuda-max-allocated", "bytes": int(peak)}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    except (ImportError, OSError):
+        return {"kind": None, "bytes": None}
+    return {"kind": "max-rss", "bytes": int(rss) * (1 if sys.platform == "darwin" else 1024)}
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: get SIGTERM when the parent dies (even by SIGKILL): torchrepro, or torchrun for a rank (``parent``
+    is that pid, to catch a parent that died before the call), so the script never outlives torchrepro."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _torchrun_main(args: list[str]) -> int:
+    """Run ``torch.distributed.run ARGS`` in this process, which dies with the torchrepro parent.
+
+    Linux: torchrun gets SIGTERM when torchrepro dies (even by SIGKILL) and stops its ranks; each rank, in a
+    session of its own, gets SIGTERM when torchrun dies (:func:`_die_with_parent`, given torchrun's pid here).
+    """
+    _die_with_parent(_parent_pid())
+    os.environ[PARENT_ENV] = str(os.getpid())
+    sys.argv = ["torchrun", *args]
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _parent_pid() -> int | None:
+    """The pid of the process this one must die with (``TORCHREPRO_PARENT_PID``, removed from the environment)."""
+    value = os.environ.pop(PARENT_ENV, "")
+    return int(value) if value.isdigit() else None
+
+
+def _redirect_output(rank_dir: Path) -> None:
+    """Point this process's stdout and stderr (file descriptors 1 and 2) at ``rank_dir/stdout.txt``/``stderr.txt``."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    for stream, fd, name in ((sys.stdout, 1, "stdout.txt"), (sys.stderr, 2, "stderr.txt")):
+        stream.flush()
+        target = os.open(rank_dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _run_code(code: str) -> None:
+    """Run ``python -c CODE`` as ``__main__``, as the interpreter would (cwd first on sys.path)."""
+    import types
+
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = __builtins__
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    sys.path.insert(0, "")
+    try:
+        exec(compile(code, "<string>", "exec"), module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
+
+
+def _child_main(argv: list[str]) -> int:
+    _die_with_parent(_parent_pid())
+    opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
+    if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
+        opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
+        if opts.rank_output:
+            _redirect_output(Path(opts.record))
+    from ..control import determinism, seeding
+    from ..env.info import ScriptProbe
+    from .recorder import MaxStepsReached, Recorder
+    from .workdir import ReadAudit
+
+    if opts.seed is not None:
+        seeding.seed_everything(opts.seed)
+    if opts.deterministic:
+        determinism.deterministic(True)
+    for flag, value in opts.torch_flags.items():
+        TORCH_FLAGS[flag](value)
+    probe = ScriptProbe().install() if opts.audit else None
+    recorder = None
+    if opts.record:
+        budget = {} if opts.values_budget is None else {"values_budget": opts.values_budget}
+        recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps, **budget,
+                            value_schedule=opts.value_schedule,
+                            trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
+                            trace_mode=opts.trace_mode, timing=opts.timing).install()
+    audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
+    end = _ChildEnd(recorder, probe, audit, opts.record)
+    if recorder is not None:
+        _write_summary_on_os_exit(end)
+    kind, target, args = argv[0], argv[1], argv[2:]
+    sys.argv = ["-c" if kind == "code" else target, *args]
+    freeze_heap()  # only import-time objects so far: the script's own stay collectable
+    code = 0
+    stopped = False
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif kind == "code":
+            _run_code(target)
+        else:
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+    except MaxStepsReached:
+        stopped = True
+    except SystemExit as exc:
+        if isinstance(exc.code, int) or exc.code is None:
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        end(code, stopped)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+@dataclass
+class _ChildEnd:
+    """Writes the child's summary (``child.json``: what the recorder saw, the environment, the exit code) once,
+    in the launched process only: when the script ends, or from ``os._exit`` (which skips ``finally``)."""
+
+    recorder: Any
+    probe: Any  # envinfo.ScriptProbe or None
+    audit: Any  # workdir.ReadAudit or None
+    record: str | None
+    pid: int = field(default_factory=os.getpid)
+    written: bool = False
+
+    def __call__(self, code: int, stopped: bool) -> None:
+        if self.recorder is None or self.recorder.forked or self.written or os.getpid() != self.pid:
+            return  # a forked child that returned or called os._exit: the parent records
+        self.written = True
+        from ..env.info import environment_summary
+        from .workdir import READS_KEY
+
+        summary = self.recorder.finish()
+        summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
+        summary["environment"] = environment_summary()
+        if self.probe is not None:
+            summary["audit_probe"] = self.probe.facts()
+        summary["peak_memory"] = peak_memory()
+        if self.audit is not None:
+            summary[READS_KEY] = self.audit.facts()
+        summary["torch"] = sys.modules["torch"].__version__
+        summary["child_exit_code"], summary["child_ended"] = code, time.time()
+        atomic_write_json(Path(str(self.record)) / "child.json", summary)
+
+
+def _write_summary_on_os_exit(end: _ChildEnd) -> None:
+    """Make ``os._exit(status)`` in this process write the summary first; a forked child's exits as before."""
+    real_exit = os._exit
+
+    def _exit(status: int) -> None:
+        with contextlib.suppress(BaseException):  # the script asked to exit now: it does, summary or not
+            end(status, False)
+        real_exit(status)
+
+    os._exit = _exit  # type: ignore[assignment]
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze()``).
+
+    Called in the child just before the script runs, when the heap holds only what imports made (torch alone
+    is ~200k objects), and by the CLI when its work is done. Interpreter shutdown runs full collections over
+    every tracked object: for the MLP of ``benchmarks/bench_check_wall.py`` that took 0.75 s of exit time, 0.35 s
+    with the import-time objects frozen. The script's own objects stay collectable, so its atexit handlers,
+    unclosed files and finalizers behave exactly as under plain ``python``.
+    """
+    gc.freeze()
+
+
+if __name__ == "__main__":
+    sys.exit(_torchrun_main(sys.argv[2:]) if sys.argv[1:2] == [TORCHRUN_KIND] else _child_main(sys.argv[1:]))

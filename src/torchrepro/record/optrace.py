@@ -1,0 +1,672 @@
+"""An operation tracer: every ATen op with fingerprints of its inputs and outputs, module path, phase and
+the user's source line (layer L2).
+
+Built on ``TorchDispatchMode`` (one record per ATen op, below autograd) plus a ``TorchFunctionMode`` that
+notes the user's source line of each torch call and of each autograd node it creates, so that backward ops
+point to the forward line that created them.
+
+Example:
+    >>> with torchrepro.trace_ops() as trace:              # doctest: +SKIP
+    ...     loss = model(x).sum(); loss.backward()
+    >>> trace.ops[0]["op"], trace.ops[0]["module"], trace.ops[0]["line"]  # doctest: +SKIP
+    ('aten.addmm', 'fc', 12)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._core.errors import RunDirError, StateFileError
+from .._core.fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many, plain_cpu_fingerprint
+from .._core.modules import ModuleContext, discover_models
+from .._core.ompteam import signals_deferred
+from .._core.readjson import open_regular, read_jsonl
+
+# Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
+RNG_OPS = frozenset({
+    "aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.randint", "aten.randint_like",
+    "aten.randperm", "aten.bernoulli", "aten.bernoulli_", "aten.normal", "aten.normal_", "aten.uniform_",
+    "aten.random_", "aten.exponential_", "aten.geometric_", "aten.log_normal_", "aten.cauchy_",
+    "aten.multinomial", "aten.native_dropout", "aten.poisson", "aten._standard_gamma", "aten.binomial",
+    "aten.rrelu_with_noise", "aten._fused_dropout",
+})
+# Ops whose outputs are uninitialized memory: their bytes mean nothing until something writes them.
+EMPTY_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                       "aten.new_empty_strided", "aten.empty_permuted", "aten.resize_"})
+UNINITIALIZED = "uninitialized"
+_SKIP_OPS = frozenset({"aten.detach", "aten.alias", "prim.device", "aten.sym_size", "aten.sym_stride",
+                       "aten.sym_numel", "aten.sym_storage_offset", "aten.is_same_size"})
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(os.path.dirname(__file__))  # the torchrepro package, every subpackage
+
+
+_INTERNAL_FILES: dict[str, bool] = {}  # file name -> whether it belongs to torch/torchrepro/the stdlib plumbing
+
+
+def _is_internal(name: str) -> bool:
+    internal = _INTERNAL_FILES.get(name)
+    if internal is None:
+        internal = (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR) or name.startswith("<frozen")
+                    or "/contextlib.py" in name or "/runpy.py" in name)
+        if len(_INTERNAL_FILES) > 10_000:  # code made by exec() under ever new names: stay bounded
+            _INTERNAL_FILES.clear()
+        _INTERNAL_FILES[name] = internal
+    return internal
+
+
+def _site_of(frame: FrameType | None) -> tuple[str, int, str] | None:
+    """(file, line, code) of the innermost frame, from ``frame`` outwards, outside torch and torchrepro."""
+    f = frame
+    while f is not None:
+        name = f.f_code.co_filename
+        if not _is_internal(name):
+            return name, f.f_lineno, ""
+        f = f.f_back
+    return None
+
+
+def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, str] | None:
+    return _site_of(site) if type(site) is FrameType else site  # type: ignore[arg-type]
+
+
+_MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
+_MAX_CODE_CHARS = 200  # the stored text of a source line
+_MAX_OPS_BYTES = 4 << 30  # an ops.jsonl file (one traced step of a large model stays far below)
+
+
+def _source_lines(path: str) -> list[str]:
+    """The lines of a user's source file, or [] when it is not a readable regular file of sane size."""
+    try:
+        with open_regular(path) as f:
+            data = f.read(_MAX_SOURCE_BYTES + 1)
+    except (StateFileError, OSError, ValueError):  # not a regular file, unreadable; ValueError: a NUL in the name
+        return []
+    return [] if len(data) > _MAX_SOURCE_BYTES else data.decode("utf-8", errors="replace").splitlines()
+
+
+def _code_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
+    """The stripped text of ``path``'s line ``line`` (at most ``_MAX_CODE_CHARS``), "" when unknown."""
+    if path not in cache:
+        if len(cache) > 10_000:  # code made by exec() under ever new names: stay bounded
+            cache.clear()
+        cache[path] = _source_lines(path)
+    lines = cache[path]
+    return lines[line - 1].strip()[:_MAX_CODE_CHARS] if 0 < line <= len(lines) else ""
+
+
+def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    if type(obj) in _LEAF_TYPES:  # most op arguments: numbers, dtypes, None (the hot path skips isinstance)
+        return out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, Mapping):
+        for x in obj.values():
+            _tensors(x, out)
+    return out
+
+
+_LEAF_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                         torch.memory_format})
+
+
+def _scalar_repr(value: Any) -> str:
+    """A stable text for a non-tensor op result (numbers exactly; other objects by type only)."""
+    if isinstance(value, float):
+        return value.hex()
+    if value is None or isinstance(value, (bool, int, complex, str)):
+        return repr(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value):
+        return repr([v.hex() if isinstance(v, float) else v for v in value])
+    return f"<{type(value).__name__}>"
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter, or -1 when it has none (inference tensors): never cached."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
+class _FpCache:
+    """Fingerprints of tensors, reused while the memory they view is alive and unmodified.
+
+    The key is what the bytes are (device, data pointer, dtype, shape, strides), not the Python object: autograd
+    hands the same saved tensor to backward ops through new Python wrappers. An entry is valid while the storage
+    is alive (a weak reference, so freed-and-reused memory never matches) and the version counter, which every
+    in-place op bumps, is unchanged. The recorder clears the cache at each step boundary, since writes through
+    ``.data`` do not bump the version counter.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, tuple[Any, int, str]] = {}
+        self._pending: list[tuple[torch.Tensor, str]] = []
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        return (t.device, t.data_ptr(), t.dtype, t.shape, t.stride())
+
+    def get(self, tensors: list[torch.Tensor], *, fresh: bool = False) -> list[str]:
+        """Fingerprints of ``tensors``; ``fresh=True`` ignores cached values (for op outputs: an in-place op's
+        version counter is bumped only after it returns, so a cached value could be stale)."""
+        out: list[str | None] = []
+        todo: list[int] = []
+        for i, t in enumerate(tensors):
+            fp = None
+            try:
+                if t.layout is not torch.strided or t.is_nested or t.is_meta:
+                    check_fingerprintable(t)  # raises with the reason, or lets a readable tensor through
+                if not fresh:
+                    hit = self._cache.get(self._key(t))
+                    if hit is not None and hit[1] == _version(t) and not hit[0].expired():
+                        fp = hit[2]
+                if fp is None:
+                    fp = plain_cpu_fingerprint(t)  # most tensors: hashed right here
+                    if fp is not None:
+                        self._remember(t, fp, fresh)
+            except UnfingerprintableError as exc:
+                fp = f"unfingerprintable: {exc}"
+            except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
+                fp = f"unfingerprintable: {type(exc).__name__}"
+            if fp is None:
+                todo.append(i)
+            out.append(fp)
+        if todo:  # other devices: one fingerprint_many call copies two words per tensor back, once per device
+            try:
+                fps = fingerprint_many([tensors[i] for i in todo])
+            except Exception as exc:
+                fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
+            for i, fp in zip(todo, fps):
+                out[i] = fp
+                self._remember(tensors[i], fp, fresh)
+        return out  # type: ignore[return-value]
+
+    def _remember(self, t: torch.Tensor, fp: str, fresh: bool) -> None:
+        if fresh:  # an op output: an in-place op's version bump happens after it returns
+            self._pending.append((t, fp))
+        else:
+            self._put(t, fp)
+
+    def commit(self) -> None:
+        """Cache the outputs of the previous op, now that any in-place version bump has happened."""
+        for t, fp in self._pending:
+            self._put(t, fp)
+        self._pending.clear()
+
+    def _put(self, t: torch.Tensor, fp: str) -> None:
+        version = _version(t)
+        if version < 0:
+            return
+        try:
+            self._cache[self._key(t)] = (StorageWeakRef(t.untyped_storage()), version, fp)
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass
+
+    def mark_uninitialized(self, tensors: list[torch.Tensor]) -> list[str]:
+        """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them."""
+        for t in tensors:
+            self._put(t, UNINITIALIZED)
+        return [UNINITIALIZED] * len(tensors)
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._pending.clear()
+
+
+_OP_NAMES: dict[Any, str] = {}
+_QUEUE_RECORDS = 512  # records queued before they are encoded and written (see OpTracer.flush)
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(separators=) makes one per call
+
+
+class _Dispatch(TorchDispatchMode):
+    def __init__(self, tracer: OpTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        tr = self.tracer
+        name = _OP_NAMES.get(func)
+        if name is None:
+            name = _OP_NAMES[func] = str(func.overloadpacket)
+        if not tr.recording or name in _SKIP_OPS or name.startswith("profiler."):
+            return func(*args, **kwargs)
+        tr.fps.commit()
+        ins = _tensors(args, [])
+        if kwargs:
+            _tensors(kwargs, ins)
+        in_fps = tr.fps.get(ins)
+        out = func(*args, **kwargs)
+        outs = _tensors(out, [])
+        if name in EMPTY_OPS:
+            out_fps = tr.fps.mark_uninitialized(outs)
+        else:
+            out_fps = tr.fps.get(outs, fresh=True) if outs else [_scalar_repr(out)]
+        gen = None if name not in RNG_OPS else "global" if kwargs.get("generator") is None else "private"
+        tr.record(name, in_fps, out_fps, gen)
+        return out
+
+
+class _Function(TorchFunctionMode):
+    """Notes the user's source line of each torch call, and which line/module created each autograd node."""
+
+    def __init__(self, tracer: OpTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        tr = self.tracer
+        if not tr.recording:
+            return func(*args, **kwargs)
+        prev = tr.site
+        # The caller's frame, resolved to the user's line only when an op or autograd node needs it: most calls
+        # (attribute reads such as ``p.grad``) need neither. While the call runs, the frame stays at its line.
+        tr.site = sys._getframe(1)
+        tr.depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            tr.depth -= 1
+            site, tr.site = tr.site, prev
+        if torch.is_grad_enabled():
+            for t in _tensors(out, []):
+                node = t.grad_fn
+                if node is not None and id(node) not in tr.node_sites:
+                    site = _resolved(site)
+                    if site is None:
+                        break
+                    tr.node_sites[id(node)] = (site, tr.module_path())
+                    tr.nodes.append(node)  # keep alive so ids stay unique while tracing
+        return out
+
+
+_active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
+_current_function_mode = getattr(torch.overrides, "_get_current_function_mode", None)
+_current_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", None)
+
+
+def _before_fork() -> None:
+    for tracer in list(_active_tracers):
+        tracer.flush()
+        if tracer._file is not None:
+            tracer._file.flush()  # nothing buffered may be copied into the child
+
+
+def _flush_at_exit() -> None:
+    """A script that ends (or dies of an exception) while tracing: its queued records still reach the file."""
+    for tracer in list(_active_tracers):
+        tracer.recording = False  # ops of atexit handlers that run after this one would be counted, never written
+        try:
+            tracer.flush()
+            if tracer._file is not None:
+                tracer._file.flush()
+        except (OSError, ValueError):  # a closed or failing file at exit: nothing more can be done
+            pass
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) inherits the modes: it must not record or write."""
+    for tracer in list(_active_tracers):
+        tracer.recording = False
+        tracer.keep = False
+        tracer._queue = []
+        tracer._file = None  # the parent's file object: never written or flushed from here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+atexit.register(_flush_at_exit)
+
+
+class OpTracer:
+    """Records every ATen op between :meth:`start` and :meth:`stop` (``ops`` list and/or a JSONL file)."""
+
+    def __init__(self, *, models: Mapping[str, nn.Module] | None = None, path: str | Path | None = None,
+                 keep: bool = True) -> None:
+        self.models = models
+        self.path = Path(path) if path else None
+        self.keep = keep
+        self._ops: list[dict[str, Any]] = []
+        self._queue: list[tuple] = []  # records not yet encoded (see flush())
+        self.count = 0
+        self.step: int | None = None  # set by the recorder: which training step the ops belong to
+        self.fps = _FpCache()
+        self.site: FrameType | tuple[str, int, str] | None = None  # a frame until resolved by _resolved()
+        self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
+        self.nodes: list[Any] = []
+        self._names: dict[int, str] = {}
+        self._context = ModuleContext(self._module_name)
+        self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
+        self._file: IO[str] | None = None
+        self._lines: dict[str, list[str]] = {}
+        self.recording = False  # ops are being recorded
+        self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
+
+    # --- context ------------------------------------------------------------------------------------
+    def module_path(self) -> str:
+        return self._context.path
+
+    def _module_name(self, mod: nn.Module) -> str:
+        name = self._names.get(id(mod))
+        if name is None:  # a module created after tracing started: look the models up again, once
+            self._refresh_names()
+            name = self._names.setdefault(id(mod), type(mod).__name__)
+        return name
+
+    def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None) -> None:
+        """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private"."""
+        module = self.module_path()
+        site = self.site = _resolved(self.site)  # once per torch call, however many ops it runs
+        node = None if self._context.in_optimizer else torch._C._current_autograd_node()
+        if self._context.in_optimizer:
+            phase = "optimizer"
+        elif node is None:
+            phase = "forward"
+        else:
+            phase = "backward"
+            found = self.node_sites.get(id(node))
+            site, module = found if found is not None else (None, module)
+        self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
+        self.count += 1
+        if len(self._queue) >= _QUEUE_RECORDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Turn the queued records into ``ops`` entries and JSON lines (written to the file's buffer).
+
+        Records are queued as tuples while ops run and encoded here in one go, between ops: Python code that
+        runs between large ops is slowed by the caches those ops flushed, so the tracer does as little as it
+        can there. Called every ``_QUEUE_RECORDS`` records, on stop, before a fork and at exit.
+        """
+        if not self._queue:
+            return
+        if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
+            with signals_deferred():  # a Ctrl-C mid-encoding must not drop the batch: it lands right after
+                self._encode_queue()
+        else:
+            self._encode_queue()
+
+    def _encode_queue(self) -> None:
+        queue, self._queue = self._queue, []
+        lines = []
+        for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
+            entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
+                     "file": site[0] if site else None, "line": site[1] if site else None,
+                     "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
+            if generator is not None:
+                entry["generator"] = generator
+            # the line's text is stored now: readers of ops.jsonl never open the paths a record names
+            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+            if self._file is not None:
+                lines.append(_encode(entry))
+            if self.keep:
+                self._ops.append(entry)
+        if lines and self._file is not None:
+            self._file.write("\n".join(lines) + "\n")
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The op records so far (``keep=True``)."""
+        self.flush()
+        return self._ops
+
+    def _refresh_names(self) -> None:
+        models = self.models if self.models is not None else discover_models()
+        for prefix, model in models.items():
+            for name, mod in model.named_modules():
+                full = ".".join(x for x in (prefix, name) if x)
+                self._names.setdefault(id(mod), full or type(mod).__name__)
+
+    # --- start / stop --------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether the modes are on the mode stack of some thread."""
+        return bool(self._modes)
+
+    def start(self) -> OpTracer:
+        """Record from now on: in this thread and in every thread started while recording (see _traced_run).
+
+        Restarted after a soft stop (modes still on the stacks) it just records again, appending to the file."""
+        if not self._modes:
+            self._refresh_names()
+            self._context.install()
+            _active_tracers.add(self)
+            _hook_threads()
+        if self.path is not None and self._file is None:
+            mode = "a" if self.count else "w"  # a new tracer starts a new file; a restarted one appends
+            self._file = open(self.path, mode, encoding="utf-8", buffering=1 << 16)  # noqa: SIM115 - closed in _release()
+        self._enter_thread()
+        self.recording = True
+        return self
+
+    def _enter_thread(self) -> None:
+        """Put the modes on this thread's mode stacks (they are thread-local), unless they are there."""
+        ident = threading.get_ident()
+        if ident not in self._modes:
+            modes = [_Function(self), _Dispatch(self)]
+            for m in modes:
+                m.__enter__()
+            self._modes[ident] = modes
+
+    def _leave_thread(self) -> None:
+        """A traced thread ends: its modes go with it (popped when still on top)."""
+        modes = self._modes.pop(threading.get_ident(), None)
+        if modes is not None and self._modes_on_top(modes):
+            for m in reversed(modes):
+                m.__exit__(None, None, None)
+        if not self._modes and self in _active_tracers:
+            self._release()
+
+    def stop(self) -> None:
+        """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
+        the modes stay on the stacks, passing ops through, until :meth:`settle` is called from outside."""
+        self.recording = False
+        try:
+            self.flush()
+            if self._file is not None:  # what was recorded is on disk, even if the script ends with os._exit
+                self._file.flush()
+        finally:  # a Ctrl-C that arrived while the queue was encoded is raised by flush(): the modes still go
+            self.settle()
+
+    def settle(self) -> None:
+        """Take the modes off this thread's stacks if recording has stopped and it is safe to do so now; once
+        no thread holds them, release everything (the file is closed)."""
+        if not self._modes or self.recording or self.depth:
+            return
+        ident = threading.get_ident()
+        modes = self._modes.get(ident)
+        if modes is None or not self._modes_on_top(modes):
+            return
+        for m in reversed(modes):
+            m.__exit__(None, None, None)
+        del self._modes[ident]
+        if not self._modes:
+            self._release()
+
+    def _release(self) -> None:
+        """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
+        self._context.remove()
+        self.node_sites.clear()
+        self.site = None  # never keep a caller's frame (and its locals) alive
+        self.nodes.clear()
+        self.fps.clear()
+        try:
+            self.flush()
+        finally:
+            if self._file is not None:
+                self._file.close()
+            self._file = None
+            _active_tracers.discard(self)
+        for other in list(_active_tracers):  # a tracer stopped earlier under this one can leave the stacks now
+            if other.active and not other.recording:
+                other.settle()
+
+    @staticmethod
+    def _modes_on_top(modes: list[Any]) -> bool:
+        """Whether ``modes`` are the innermost ones of this thread: leaving a mode pops the top of the stack, so
+        a tracer stopped while another started later is still on is kept (passing ops through) until then."""
+        if _current_function_mode is None or _current_dispatch_mode is None:
+            return True
+        return _current_function_mode() is modes[0] and _current_dispatch_mode() is modes[1]
+
+
+def _user_code(thread: threading.Thread) -> bool:
+    """Whether a thread runs the user's code, not torch's or torchrepro's own (a DataLoader's pin-memory
+    thread, torchrepro's value writer): only the user's threads are traced."""
+    target = getattr(thread, "_target", None)
+    code = getattr(target if target is not None else type(thread).run, "__code__", None)
+    return code is None or not _is_internal(code.co_filename)
+
+
+_thread_hook: dict[str, Any] = {}  # "original": threading.Thread._bootstrap_inner before _hook_threads()
+
+
+def _hook_threads() -> None:
+    """Make threads started while a tracer records trace their own ops: torch's mode stacks are per thread, so
+    a script that trains in a ``threading.Thread`` would otherwise run every op untraced. Installed once."""
+    original = getattr(threading.Thread, "_bootstrap_inner", None)
+    if original is None or _thread_hook:
+        return
+    _thread_hook["original"] = original
+
+    def _bootstrap_inner(thread: threading.Thread) -> None:
+        tracers = [t for t in list(_active_tracers) if t.recording] if _active_tracers else []
+        if tracers and _user_code(thread):
+            try:
+                thread.run = _traced_run(thread.run, tracers)  # type: ignore[method-assign]
+            except (AttributeError, TypeError):  # a read-only run (slots, a property): run it untraced
+                pass
+        original(thread)
+
+    threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+
+
+def _traced_run(run: Any, tracers: list[OpTracer]) -> Any:
+    """``run`` with the tracers' modes on the new thread's stacks while it runs (before join() can return)."""
+
+    def traced() -> None:
+        for t in tracers:
+            t._enter_thread()
+        try:
+            run()
+        finally:
+            for t in reversed(tracers):
+                t._leave_thread()
+
+    return traced
+
+
+class trace_ops:  # noqa: N801 - reads as a function at call sites
+    """Trace every ATen op in a block: ``with torchrepro.trace_ops() as t: step()``; then ``t.ops``.
+
+    Each op record has ``i``, ``op`` (e.g. ``aten.index_put_``), ``phase`` (forward/backward/optimizer),
+    ``module`` (e.g. ``encoder.layers.2.attn``), ``file``/``line``/``code`` (for backward ops: the forward
+    line that created the autograd node), ``in``/``out`` fingerprints and ``rng`` (a random op).
+    Ops whose tensors cannot be fingerprinted (sparse, nested, meta) get ``"unfingerprintable: ..."``.
+    """
+
+    def __init__(self, model: nn.Module | Mapping[str, nn.Module] | None = None, *,
+                 path: str | Path | None = None) -> None:
+        models = None if model is None else ({"": model} if isinstance(model, nn.Module) else dict(model))
+        self.tracer = OpTracer(models=models, path=path)
+
+    def __enter__(self) -> OpTracer:
+        return self.tracer.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracer.stop()
+
+
+def read_ops(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Op records from an ``ops.jsonl`` file, each checked (:data:`_OP_FIELDS`), with ``code`` as stored.
+
+    The file is untrusted input (a run directory may come from anywhere): the source files its records name are
+    never opened, and the file itself is read as :func:`torchrepro._core.readjson.read_jsonl` reads (regular files
+    only, bounded, strict UTF-8, bounded nesting). A cut-off last line (a killed run) is ignored. Any other line
+    that is not a valid op record raises :class:`RunDirError` naming the file and line: skipping it, or stopping
+    there, would shift or shorten the op stream and make two runs' streams look different.
+    """
+    ops, _cut_off = read_jsonl(path, error=RunDirError, action=_RETRACE, limit=_MAX_OPS_BYTES,
+                               check=_op_problems, what="a valid op record")
+    return iter([_clean_op(op) for op in ops])
+
+
+_RETRACE = "Trace the run again (`torchrepro check --locate -- ...`)."
+_MAX_INT = 1 << 63
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v < _MAX_INT
+
+
+def _is_str_list(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str for x in v)
+
+
+# field -> (required, check, what it must be); the fields of one op record (docs/formats.md)
+_OP_FIELDS: dict[str, tuple[bool, Any, str]] = {
+    "op": (True, lambda v: type(v) is str, "a string"),
+    "in": (True, _is_str_list, "a list of strings"),
+    "out": (True, _is_str_list, "a list of strings"),
+    "i": (False, _is_count, "a non-negative integer"),
+    "step": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "line": (False, lambda v: v is None or _is_count(v), "a non-negative integer or null"),
+    "phase": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "module": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "file": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "generator": (False, lambda v: v is None or type(v) is str, "a string or null"),
+    "code": (False, lambda v: type(v) is str, "a string"),
+    "rng": (False, lambda v: type(v) is bool, "true or false"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _op_problems(op: Any) -> list[str]:
+    """:func:`_op_problem` as the list :func:`torchrepro._core.readjson.read_jsonl` takes."""
+    problem = _op_problem(op)
+    return [problem] if problem else []
+
+
+def _op_problem(op: Any) -> str | None:
+    """What is wrong with a parsed op record, or None when it has the shape :mod:`torchrepro.analysis.locate` reads."""
+    if type(op) is not dict:
+        return f"it is {'a list' if type(op) is list else 'a ' + type(op).__name__}, expected a JSON object"
+    for key, (required, ok, what) in _OP_FIELDS.items():
+        if key not in op:
+            if required:
+                return f"`{key}` is missing"
+        elif not ok(op[key]):
+            return f"`{key}` is {_shown(op[key])} ({type(op[key]).__name__}), expected {what}"
+    return None
+
+
+def _clean_op(op: dict[str, Any]) -> dict[str, Any]:
+    """A checked record with only the known fields (others, of any size or depth, are dropped)."""
+    clean = {key: op[key] for key in _OP_FIELDS if key in op}
+    clean.setdefault("code", "")
+    return clean
+

@@ -1,0 +1,288 @@
+"""Runs that share a working directory (layer L2): files one run wrote there and a later run read.
+
+A script that resumes from its own output (``if os.path.exists("snapshot.pt"): load it``, transformers'
+``get_last_checkpoint(output_dir)``) makes the second run of ``check`` start where the first one ended, and the
+comparison means nothing. Two halves find it:
+
+- in the child, :class:`ReadAudit` (an audit hook on ``open``, ``os.listdir`` and ``os.scandir``) notes the
+  paths under the working directory that the run read and that were changed since the check started (one
+  ``stat`` per path, on its first read: other files cost a string test);
+- in the parent, :class:`WorkdirWatch` takes a bounded ``stat`` snapshot of the working directory before and
+  after run 1 (mtime, size, inode), and names the files that run 1 created or changed and a later run read.
+
+A file run 1 wrote and then read itself (a downloaded data set, a cache) is not reported: both runs read the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._core.errors import ReproError
+
+WATCH_LIMIT = 20_000  # entries of the working directory stat'ed before and after run 1
+READ_LIMIT = 1_000  # paths a run's audit records
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+                       ".tox", "node_modules", "torchrepro-runs"})
+MARGIN_NS = 2_000_000_000  # file times come from a coarse clock: watch from a little before the check started
+SHOWN = 5
+READS_KEY = "workdir_reads"  # the child's summary (manifest) field
+_IMPORTLIB = frozenset({"importlib._bootstrap_external", "_frozen_importlib_external"})
+
+
+# --- the child side -------------------------------------------------------------------------------------
+class ReadAudit:
+    """Records the paths under the working directory that this process opened for reading or listed, if they
+    changed since ``since_ns`` (ctime); each with whether this process had itself written it before (fresh)."""
+
+    def __init__(self, since_ns: int) -> None:
+        self.root = os.getcwd()
+        self.prefix = self.root.rstrip(os.sep) + os.sep
+        self.since_ns = since_ns
+        self.started_ns = time.time_ns()
+        self.read: dict[str, dict[str, bool]] = {"opened": {}, "listed": {}}
+        self.truncated = False
+        self._seen: set[tuple[str, str]] = set()
+
+    def install(self) -> ReadAudit:
+        sys.addaudithook(self._hook)
+        return self
+
+    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        on = _EVENTS.get(event)
+        if on is not None:
+            try:
+                on(self, args)
+            except Exception:  # noqa: S110 - an audit hook must never break the script's own open()
+                pass
+
+    def _opened(self, args: tuple[Any, ...]) -> None:
+        if args[2] & os.O_ACCMODE != os.O_WRONLY:
+            self._note(args[0], "opened")
+
+    def _listed(self, args: tuple[Any, ...]) -> None:
+        if sys._getframe(2).f_globals.get("__name__") not in _IMPORTLIB:  # not the import system's path scans
+            self._note("." if args[0] is None else args[0], "listed")
+
+    def _note(self, path: Any, how: str) -> None:
+        if isinstance(path, int):
+            return
+        full = os.path.abspath(os.fsdecode(path))
+        if full != self.root and not full.startswith(self.prefix) or full.endswith(".pyc"):
+            return
+        rel = full[len(self.prefix):] or "."
+        if (how, rel) in self._seen:
+            return
+        ctime = os.stat(full).st_ctime_ns  # a missing file raises: not seen, looked at again on the next read
+        self._seen.add((how, rel))
+        if ctime < self.since_ns:
+            return
+        if len(self.read[how]) >= READ_LIMIT:
+            self.truncated = True
+            return
+        self.read[how][rel] = ctime >= self.started_ns
+
+    def facts(self) -> dict[str, Any]:
+        return {"root": self.root, **self.read, "truncated": self.truncated}
+
+
+_EVENTS: dict[str, Callable[[ReadAudit, tuple[Any, ...]], None]] = {
+    "open": ReadAudit._opened, "os.listdir": ReadAudit._listed, "os.scandir": ReadAudit._listed}
+
+
+# --- the parent side ------------------------------------------------------------------------------------
+@dataclass
+class Snapshot:
+    """``stat`` of the entries under a directory (relative path -> (mtime_ns, size, inode)), bounded."""
+
+    entries: dict[str, tuple[int, int, int]]
+    truncated: bool
+
+
+def skipped_dir(path: str, skipped: set[str]) -> bool:
+    """Whether :func:`walk` and the copies leave the folder ``path`` out: version control, caches, virtual
+    environments, torchrepro's output, or one of ``skipped`` (real paths)."""
+    return (os.path.basename(path) in SKIP_DIRS or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+            or os.path.realpath(path) in skipped)
+
+
+def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Snapshot:
+    """Stat ``root`` and what lies under it, breadth first in name order; symlinks are not followed; version
+    control, caches, virtual environments, torchrepro's output and ``skip`` are left out; at most ``limit``."""
+    skipped = {os.path.realpath(p) for p in skip}
+    entries: dict[str, tuple[int, int, int]] = {}
+    queue = [(str(root), "")]
+    while queue:
+        path, rel = queue.pop(0)
+        try:
+            with os.scandir(path) as it:  # a huge flat folder is read only up to the limit
+                children = sorted(itertools.islice(it, limit + 1), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in children:
+            if len(entries) >= limit:
+                return Snapshot(entries, truncated=True)
+            sub = f"{rel}{entry.name}"
+            try:
+                st = entry.stat(follow_symlinks=False)
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir and skipped_dir(entry.path, skipped):
+                continue
+            entries[sub] = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if is_dir:
+                queue.append((entry.path, sub + os.sep))
+    return Snapshot(entries, truncated=False)
+
+
+def changed_files(before: Snapshot, after: Snapshot, root_before: Any, root_after: Any) -> dict[str, str]:
+    """What changed between two snapshots: relative path -> "created" or "changed" (the root as ".")."""
+    out = {p: ("changed" if p in before.entries else "created")
+           for p, key in after.entries.items() if before.entries.get(p) != key}
+    if root_before != root_after:
+        out["."] = "changed"
+    return out
+
+
+def manifest_reads(run_dir: Path) -> list[dict[str, Any]]:
+    """The audits a run recorded: its manifest's, or each rank's (``rank*/manifest.json``)."""
+    found = []
+    for path in [run_dir / "manifest.json", *sorted(run_dir.glob("rank*/manifest.json"))]:
+        try:
+            reads = json.loads(path.read_text()).get(READS_KEY)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(reads, dict):
+            found.append(reads)
+    return found
+
+
+def _root_stat(root: Path) -> tuple[int, int] | None:
+    try:
+        st = root.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ino
+
+
+@dataclass
+class WorkdirWatch:
+    """``check``'s watch on its working directory: snapshot before and after run 1, the reads of every run."""
+
+    root: Path
+    skip: list[Path] = field(default_factory=list)
+    limit: int = WATCH_LIMIT
+    since_ns: int = 0
+    changed: dict[str, str] = field(default_factory=dict)
+    truncated: bool = False
+    reads: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    _before: Snapshot | None = None
+    _root_before: Any = None
+
+    def start(self) -> int:
+        """Snapshot the working directory; return the time (ns) from which the runs' audits note reads."""
+        self.since_ns = time.time_ns() - MARGIN_NS
+        self._before = walk(self.root, self.skip, self.limit)
+        self._root_before = _root_stat(self.root)
+        return self.since_ns
+
+    def run_done(self, i: int, run_dir: Path) -> None:
+        """Collect run ``i``'s reads; after run 1, what it changed in the working directory."""
+        self.reads[i] = manifest_reads(run_dir)
+        if i == 1 and self._before is not None:
+            after = walk(self.root, self.skip, self.limit)
+            self.changed = changed_files(self._before, after, self._root_before, _root_stat(self.root))
+            self.truncated = self._before.truncated or after.truncated
+
+    def _first_run_fresh(self, how: str) -> set[str]:
+        return {p for r in self.reads.get(1, []) for p, fresh in (r.get(how) or {}).items() if fresh}
+
+    def shared(self, upto: int | None = None) -> list[dict[str, Any]]:
+        """Files (and folders) that run 1 created or changed and a later run read, unless run 1 read them
+        after writing them itself: ``{"run", "path", "how" (opened/listed), "change" (created/changed)}``."""
+        found = []
+        for i in sorted(k for k in self.reads if k > 1 and (upto is None or k <= upto)):
+            for how in ("opened", "listed"):
+                own = self._first_run_fresh(how)
+                paths = {p for r in self.reads[i] if r.get("root") == str(self.root)
+                         for p, fresh in (r.get(how) or {}).items() if not fresh}
+                found += [{"run": i, "path": p, "how": how, "change": self.changed[p]}
+                          for p in sorted(paths) if p in self.changed and p not in own]
+        return found
+
+    def to_json(self) -> dict[str, Any]:
+        return {"isolated": False, "root": str(self.root), "watched_entries_limit": self.limit,
+                "watch_truncated": self.truncated, "changed_by_run_1": len(self.changed),
+                "audit_truncated": any(r.get("truncated") for rs in self.reads.values() for r in rs),
+                "read_from_earlier_run": self.shared()}
+
+
+def shared_text(shared: list[dict[str, Any]]) -> str:
+    """"run 2 opened snapshot.pt (created by run 1), ..." for at most SHOWN entries."""
+    words = [f"run {s['run']} {s['how']} {s['path'] if s['path'] != '.' else 'the working directory'}"
+             f" ({s['change']} by run 1)" for s in shared[:SHOWN]]
+    more = f" and {len(shared) - SHOWN} more" if len(shared) > SHOWN else ""
+    return ", ".join(words) + more
+
+
+# --- check --fresh-cwd: each run in its own copy of the working directory ---------------------------------------
+COPY_FILES = 10_000
+COPY_BYTES = 256 * 2**20
+
+
+class WorkdirCopyError(ReproError):
+    """The working directory is too large to copy for every run (exit 2)."""
+
+
+def check_copyable(root: Path, skip: Iterable[Path] = ()) -> None:
+    """Raise unless ``root`` (as :func:`walk` sees it) holds at most COPY_FILES entries and COPY_BYTES."""
+    snap = walk(root, skip, limit=COPY_FILES)
+    size = sum(s for _, s, _ in snap.entries.values())
+    if snap.truncated or size > COPY_BYTES:
+        found = f"more than {COPY_FILES} files" if snap.truncated else f"{size / 2**20:.0f} MiB"
+        raise WorkdirCopyError(
+            f"--fresh-cwd copies the working directory {root} for every run, but it holds {found} (at most "
+            f"{COPY_FILES} files and {COPY_BYTES // 2**20} MiB are copied; version control, caches, virtual "
+            "environments and torchrepro-runs are left out). Run check from a smaller directory that holds the "
+            "script, or keep large data outside it (symlinks are copied as links), or drop --fresh-cwd.")
+
+
+def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> Path:
+    """Copy ``root`` into ``dest`` (replacing an earlier copy there), leaving out what :func:`walk` leaves out."""
+    skipped = {os.path.realpath(p) for p in skip}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        paths = {n: os.path.join(folder, n) for n in names}
+        return {n for n, p in paths.items() if os.path.isdir(p) and not os.path.islink(p) and skipped_dir(p, skipped)}
+
+    try:
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        shutil.copytree(root, dest, symlinks=True, ignore=ignore)
+    except (OSError, shutil.Error) as exc:
+        raise WorkdirCopyError(f"--fresh-cwd: could not copy the working directory {root} to {dest} ({exc}). "
+                               "Free disk space or fix the permissions, or drop --fresh-cwd.") from None
+    return dest.resolve()
+
+
+def script_in_copy(command: list[str], argv: list[str], root: Path, copy: Path) -> list[str]:
+    """``command`` (whose last ``len(argv)`` words are the script and its arguments) for a run in ``copy`` of
+    ``root``: a script under ``root`` is the copy's own (so that paths relative to ``__file__`` land in the copy
+    too), one elsewhere is given by its absolute path."""
+    i = len(command) - len(argv)
+    path = Path(command[i]).absolute()
+    try:
+        new = copy / path.relative_to(root)
+    except ValueError:
+        new = path
+    return [*command[:i], str(new), *command[i + 1:]]
