@@ -267,7 +267,7 @@ def test_read_ops_tolerates_only_a_cut_off_last_line(tmp_path):
     assert [op["i"] for op in read_ops(cut)] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("bad", ['{"i": 1, "op": "aten.m\n', "garbage\n", "[1, 2]\n", "\n"])
+@pytest.mark.parametrize("bad", ['{"i": 1, "op": "aten.m\n', "garbage\n", "[1, 2]\n"])
 def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
     from torchrepro._core.errors import RunDirError
     from torchrepro.record.optrace import read_ops
@@ -277,7 +277,18 @@ def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
     with pytest.raises(RunDirError) as exc:
         list(read_ops(path))
     msg = str(exc.value)
-    assert msg.startswith(f"{path}: line 2 is not a valid op record") and "op trace is corrupt" in msg
+    expected = (f"{path}: line 2 is not valid JSON", f"{path}: line 2 is not a valid op record: it is a list")
+    assert msg.startswith(expected), msg
+    assert msg.endswith("Trace the run again (`torchrepro check --locate -- ...`)."), msg
+
+
+def test_read_ops_skips_an_empty_line(tmp_path):
+    """An empty line shifts no record (each carries its index ``i``): it is skipped, not called corrupt."""
+    from torchrepro.optrace import read_ops
+
+    good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
+    path = _write_ops(tmp_path / "ops.jsonl", [good[0], "\n", good[1], good[2]])
+    assert [op["i"] for op in read_ops(path)] == [0, 1, 2]
 
 
 _DIES_WHILE_TRACING = """
