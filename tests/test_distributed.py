@@ -364,7 +364,8 @@ def test_rank_seeds_and_explicit_rank():
 def test_public_functions_survive_importing_their_submodules():
     """Importing the modules that define ``fingerprint`` and ``audit`` leaves ``torchrepro.fingerprint`` and
     ``torchrepro.audit`` the functions (the package's lazy attributes are not shadowed by submodules)."""
-    proc = run_python("import torchrepro.distributed.ranks, torchrepro._core.fingerprint, torchrepro.env.audit, torchrepro\n"
+    proc = run_python("import torchrepro.distributed.ranks, torchrepro._core.fingerprint, torchrepro.env.audit\n"
+                      "import torchrepro\n"
                       "print(callable(torchrepro.fingerprint), callable(torchrepro.audit))")
     assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
 

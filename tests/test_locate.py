@@ -284,7 +284,7 @@ def test_read_ops_rejects_a_corrupt_middle_line(tmp_path, bad):
 
 def test_read_ops_skips_an_empty_line(tmp_path):
     """An empty line shifts no record (each carries its index ``i``): it is skipped, not called corrupt."""
-    from torchrepro.optrace import read_ops
+    from torchrepro.record.optrace import read_ops
 
     good = [json.dumps(_op("aten.add", ["a"], ["b"]) | {"file": None, "i": i}) + "\n" for i in range(3)]
     path = _write_ops(tmp_path / "ops.jsonl", [good[0], "\n", good[1], good[2]])

@@ -103,7 +103,7 @@ def test_a_failing_script_is_an_input_error_with_its_stderr_tail_and_what_was_fo
             "tests/scripts/scan_fails.py:7 (deterministic mode raises).") in doc["error"]
     assert "RuntimeError: put_ does not have a deterministic implementation" in doc["error"]
     assert 'scan_fails.py", line 7, in <module>' in doc["error"]
-    assert "launcher.py" not in doc["error"] and "torchrepro/analysis/scan.py" not in doc["error"]  # the user's frames only
+    assert "launcher.py" not in doc["error"] and "torchrepro/analysis/scan.py" not in doc["error"]  # user frames only
     assert "put_ does not have a deterministic implementation" in err
 
 
