@@ -21,7 +21,7 @@ from _timing import interleaved  # noqa: E402
 
 import torchrepro  # noqa: E402, F401
 
-fpmod = importlib.import_module("torchrepro.fingerprint")
+fpmod = importlib.import_module("torchrepro._core.fingerprint")
 
 
 def _one_thread(fn: Any) -> Any:

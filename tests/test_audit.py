@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from torchrepro.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, audit_recorded, evaluate
 
 import torchrepro
 from torchrepro._core.errors import RunDirError
 from torchrepro.cli import main
+from torchrepro.env.audit import ADVICE, CHECKS, INFO, OK, THREAT, Facts, audit_recorded, evaluate
 from torchrepro.env.info import NOT_AVAILABLE, environment
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -11,15 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
-from torchrepro.fingerprint import (
+
+import torchrepro
+from torchrepro._core.fingerprint import (
     UnfingerprintableError,
     UnreadableError,
     fingerprint,
     fingerprint_many,
     fingerprint_object,
 )
-
-import torchrepro
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
@@ -101,7 +101,7 @@ def test_unfingerprintable_tensors_raise():
 
 def test_check_fingerprintable_is_about_reading_one_storage_directly():
     """The op tracer keys its cache on storage: sparse tensors stay "unfingerprintable" there."""
-    from torchrepro.fingerprint import check_fingerprintable
+    from torchrepro._core.fingerprint import check_fingerprintable
 
     check_fingerprintable(torch.zeros(3))
     sp = torch.eye(3).to_sparse()
@@ -124,7 +124,7 @@ def _random_bytes_as(dtype: torch.dtype, n: int = 300) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_every_torch_dtype_is_read_bit_exactly(dtype):
     """float8/float4, bits, sub-byte and wide unsigned ints: NumPy lacks them, the bytes are read anyway."""
-    from torchrepro.fingerprint import _digests_torch
+    from torchrepro._core.fingerprint import _digests_torch
 
     t = _random_bytes_as(dtype)
     fp = fingerprint(t)

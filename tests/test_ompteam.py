@@ -69,7 +69,7 @@ def test_indices_a_smaller_team_did_not_run_are_run_by_the_caller():
 FORKED = """
 import os, sys, importlib, torch
 from torchrepro._core import ompteam as _ompteam
-fp = importlib.import_module("torchrepro.fingerprint")
+fp = importlib.import_module("torchrepro._core.fingerprint")
 t = torch.randn(5 * fp.CHUNK)
 torch.set_num_threads(1)
 expected = fp.fingerprint(t)
@@ -122,7 +122,7 @@ def test_a_signal_during_the_region_is_handled_once_the_team_is_done():
 
 INTERRUPTED = """
 import importlib, signal, torch
-fp = importlib.import_module("torchrepro.fingerprint")
+fp = importlib.import_module("torchrepro._core.fingerprint")
 t = torch.randn(32 * fp.CHUNK // 4)
 torch.set_num_threads(1)
 expected = fp.fingerprint(t)
@@ -153,7 +153,7 @@ def test_ctrl_c_while_hashing_on_the_team_always_interrupts():
 def test_large_fingerprints_use_the_team(monkeypatch):
     import importlib
 
-    fp = importlib.import_module("torchrepro.fingerprint")
+    fp = importlib.import_module("torchrepro._core.fingerprint")
     calls: list[int] = []
     real = _ompteam.run
     monkeypatch.setattr(_ompteam, "run", lambda fn, threads: calls.append(threads) or real(fn, threads))
@@ -172,7 +172,7 @@ T = None
 
 def work(_):
     import importlib
-    fp = importlib.import_module("torchrepro.fingerprint")   # first imported here, after the fork
+    fp = importlib.import_module("torchrepro._core.fingerprint")   # first imported here, after the fork
     got = fp.fingerprint(T)          # no torch op of its own: contiguous, inherited from the parent
     torch.set_num_threads(1)
     return got == fp.fingerprint(T)

@@ -19,9 +19,9 @@ from torchrepro import (
     ReproError,
     ReproWarning,
     mark_deterministic,
-    registry,
 )
 from torchrepro.control import policy as policy_mod
+from torchrepro.control import registry
 from torchrepro.control.registry import OpEntry
 
 ALERT = "does not have a deterministic implementation"

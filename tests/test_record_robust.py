@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torchrepro.fingerprint import UNREADABLE
 
 import torchrepro
 from torchrepro._core.errors import ReproWarning
+from torchrepro._core.fingerprint import UNREADABLE
 from torchrepro.analysis.compare import compare_runs
 from torchrepro.record import recorder as record
 from torchrepro.record.store import load_run

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
-from torchrepro.scan import ScanError, ScanReport
 
 import torchrepro
+from torchrepro.analysis.scan import ScanError, ScanReport
 from torchrepro.cli import main
 
 SCRIPTS = Path(__file__).parent / "scripts"

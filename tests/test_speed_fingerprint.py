@@ -18,7 +18,7 @@ import xxhash
 
 import torchrepro  # noqa: F401
 
-fp_mod = importlib.import_module("torchrepro.fingerprint")
+fp_mod = importlib.import_module("torchrepro._core.fingerprint")
 CPU = torch.device("cpu")
 
 
@@ -242,7 +242,7 @@ def test_a_tensor_inside_functionalize_gets_a_clear_error():
 
 _SET_DURING_HASH = """
 import importlib, sys, threading, time, torch
-F = importlib.import_module("torchrepro.fingerprint")
+F = importlib.import_module("torchrepro._core.fingerprint")
 t = torch.ones(16 << 20)  # 64 MiB: xxhash releases the GIL while it reads
 expected = F.fingerprint(t)
 digests = []

@@ -551,7 +551,7 @@ class _StepStopper:
 
 def child_code() -> str:
     """The ``python -c`` code that the launcher's child runs: :func:`child_main` with ``KIND TARGET ARGS``."""
-    return "from torchrepro.scan import child_main; child_main()"
+    return "from torchrepro.analysis.scan import child_main; child_main()"
 
 
 def _run_target(kind: str, target: str, args: list[str]) -> None:
