@@ -161,7 +161,7 @@ def test_check_starts_its_first_run_before_importing_torch(tmp_path):
     """The parent's torch import (1.5 s) overlaps run 1 instead of preceding it (issue 14: check wall time)."""
     code = f"""
 import sys
-import torchrepro.cli.check_cmd as cc
+import torchrepro.cli._checkrun as cc  # where check starts its runs
 cc.prefetch_analysis = lambda: None   # the background import would race with this check
 
 def launch(*args, **kwargs):
