@@ -273,7 +273,7 @@ def test_measure_takes_max_abs_and_ulp_over_every_run():
 
 
 def test_compare_runs_takes_max_abs_and_ulp_over_every_run(tmp_path):
-    from tests.test_compare import make_run
+    from tests.analysis.test_compare import make_run
 
     w = torch.tensor([1.0, 2.0, 3.0, 4.0])
     moved = {"a": 0.0, "b": 0.25, "c": 1.0}  # run 3 lies furthest from run 1

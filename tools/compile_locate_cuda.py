@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         print("compile_locate_cuda: no CUDA device; nothing to exercise (the CPU path is tested by "
-              "tests/test_compile.py)")
+              "tests/analysis/test_compile.py)")
         return 2
     out = Path(args.out or tempfile.mkdtemp(prefix="torchrepro-compile-cuda-"))
     sizes = ["--vocab", args.vocab, "--block-size", args.block_size, "--batch", args.batch]

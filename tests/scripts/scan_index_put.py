@@ -1,5 +1,5 @@
 """Training without a torch.optim optimizer; accumulates into a 1-D tensor with index_put_(accumulate=True),
-which varies run to run on CPU with 2 threads (tests/test_scan.py asserts the line)."""
+which varies run to run on CPU with 2 threads (tests/analysis/test_scan.py asserts the line)."""
 import torch
 
 torch.manual_seed(0)

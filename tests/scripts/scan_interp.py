@@ -1,4 +1,4 @@
-"""A tiny training script with two ops that are nondeterministic on CUDA (tests/test_scan.py asserts the lines)."""
+"""A tiny training script with two ops nondeterministic on CUDA (tests/analysis/test_scan.py asserts the lines)."""
 import sys
 
 import torch

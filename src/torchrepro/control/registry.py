@@ -2,7 +2,7 @@
 
 Each row says which op, on which device kind, when it is nondeterministic, what
 ``torch.use_deterministic_algorithms(True)`` does about it, a known deterministic alternative, and where the
-claim was verified. CPU rows are verified by ``tests/test_registry.py`` on every test run; CUDA rows come from
+claim was verified. CPU rows are verified by ``tests/control/test_registry.py`` on every test run; CUDA rows come from
 PyTorch's documentation and source and are checked by ``tools/verify_cuda_registry.py`` on a machine with a GPU.
 
 Example:
@@ -26,7 +26,7 @@ import torch
 DEVICE_KINDS = ("cpu", "cuda")
 DETERMINISTIC_MODE_EFFECTS = ("switches kernel", "raises", "warns", "nothing")
 
-CPU_VERIFIED = "cpu, torch 2.13.0, tests/test_registry.py"
+CPU_VERIFIED = "cpu, torch 2.13.0, tests/control/test_registry.py"
 CUDA_UNVERIFIED = "not verified (needs a GPU: tools/verify_cuda_registry.py)"
 
 _MISSING = object()
@@ -109,11 +109,11 @@ class OpEntry:
 
 _F = "torchrepro.nn.functional."
 _DUP = "with duplicate indices"
-_VARIES = "varies run to run with 2+ threads"  # tests/test_registry.py checks this phrase against observation
+_VARIES = "varies run to run with 2+ threads"  # tests/control/test_registry.py checks this phrase against observation
 _NEAREST = "F.interpolate(mode='nearest') (deterministic backward), or upsample outside the differentiated path"
 
 # (op packet names, device, when, deterministic_mode, alternative, condition). CPU rows first: each is observed
-# by tests/test_registry.py on every run; a CPU row without an example call there fails the test-suite.
+# by tests/control/test_registry.py on every run; a CPU row without an example call there fails the test-suite.
 _ROWS: list[tuple[tuple[str, ...], str, str, str, str, str | None]] = [
     # ---- CPU (observed here) ----
     (("aten.index_put_", "aten.index_put", "aten._index_put_impl_"), "cpu",

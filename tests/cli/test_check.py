@@ -1,0 +1,191 @@
+"""End to end: `torchrepro check` and `diff` on the bundled examples and on failing scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
+
+
+def check(tmp_path: Path, *args: str, script: str, script_args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *args, "--",
+                        "python", script, *script_args], capture_output=True, text=True, timeout=600)
+    doc = json.loads(p.stdout) if p.stdout.strip() else {}
+    return p.returncode, doc, p.stderr
+
+
+# What each diverging example records first, and where each kind first differs (given the first step whose losses
+# differ). The scatter example's forward scatter-add changes the loss at step 1 in only some pairs of runs (the
+# difference can round away in the mean), while its gradients, parameters and Adam state always differ at step 1.
+FIRST = {
+    "unseeded_init.py": lambda loss: ["init"],
+    "unseeded_augmentation.py": lambda loss: ["batches", "loss", "grads", "params"],
+    "scatter_gnn.py": lambda loss: (["loss"] if loss == 1 else []) + ["grads", "params", "state"],
+}
+BY_KIND = {
+    "unseeded_init.py": lambda loss: {"init": 0, "loss": 1, "grads": 1, "params": 1},
+    "unseeded_augmentation.py": lambda loss: {"batches": 1, "loss": 1, "grads": 1, "params": 1},
+    # the race may (usually) or may not reach the loss within the run: its first step, or no entry at all
+    "scatter_gnn.py": lambda loss: {"grads": 1, "params": 1, "state": 1} | ({"loss": loss} if loss else {}),
+}
+
+
+@pytest.mark.parametrize(
+    "name, flags, script_args, verdict, step, cause",
+    [
+        ("cnn_train.py", (), ("--epochs", "1"), "identical", None, None),
+        pytest.param("scatter_gnn.py", (), (), "diverged", 1, "compute", marks=needs_threads),
+        ("scatter_gnn.py", ("--deterministic",), (), "identical", None, None),
+        ("unseeded_init.py", (), (), "diverged", 0, "initial-weights"),
+        ("unseeded_init.py", ("--seed", "0"), (), "identical", None, None),
+        ("unseeded_augmentation.py", (), (), "diverged", 1, "data"),
+    ],
+)
+def test_examples(tmp_path, name, flags, script_args, verdict, step, cause):
+    rc, doc, err = check(tmp_path, *flags, script=str(EXAMPLES / name), script_args=script_args)
+    assert rc == (0 if verdict == "identical" else 1), err
+    assert doc["schema"] == "torchrepro.check/1"
+    assert doc["verdict"] == verdict and doc["first_divergent_step"] == step and doc["cause"] == cause
+    assert len(set(doc["steps"])) == 1 and doc["steps"][0] > 0
+    assert Path(doc["plot"]).is_file()
+    # The first step whose recorded loss values differ must be where the comparison says the loss diverged.
+    loss_step = next((k for k, vals in enumerate(zip(*doc["losses"]), start=1) if len(set(vals)) > 1), None)
+    assert doc["first_step_by_kind"].get("loss") == loss_step
+    if verdict == "diverged":
+        assert doc["action"]
+        assert [d["kind"] for d in doc["diverged_first"]] == FIRST[name](loss_step)
+        assert doc["first_step_by_kind"] == BY_KIND[name](loss_step)
+        if cause == "compute":
+            assert doc["final_max_abs_delta_weight"] > 0 and doc["max_ulp_distance"] > 0
+    else:
+        assert doc["diverged_first"] == [] and doc["first_step_by_kind"] == {}
+        assert doc["final_max_abs_delta_weight"] is None or doc["final_max_abs_delta_weight"] == 0
+
+
+def test_text_summary_and_three_runs(tmp_path):
+    out = tmp_path / "o"
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--runs", "3", "--out", str(out), "--",
+                        "python", str(EXAMPLES / "unseeded_init.py")], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1
+    assert "DIVERGED at step 0" in p.stdout and "Cause: initial-weights" in p.stdout
+    assert "torchrepro.seed_everything" in p.stdout
+    assert sorted(x.name for x in out.iterdir()) == ["check.json", "check.png", "run1", "run2", "run3"]
+    assert "run 3/3 ok" in p.stderr
+
+
+def test_manual_update_script_is_checked_per_backward(tmp_path):
+    rc, doc, err = check(tmp_path, script=str(SCRIPTS / "manual_sgd.py"))
+    assert rc == 0, err
+    assert doc["verdict"] == "identical" and doc["step_mode"] == "backward" and doc["steps"] == [4, 4]
+    assert any("backward() call is treated as one step" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize(
+    "script, message",
+    [
+        ("fails.py", "run 1 of 2 failed with exit code 1"),
+        ("killed.py", "run 1 of 2 was killed by SIGKILL"),
+        ("no_steps.py", "recorded no optimizer step and no backward() call"),
+    ],
+)
+def test_failing_scripts_exit_2_never_identical(tmp_path, script, message):
+    rc, doc, err = check(tmp_path, script=str(SCRIPTS / script))
+    assert rc == 2 and message in err
+    # --json still writes one document, saying what failed and where the run's stderr is
+    assert doc["verdict"] == "error" and doc["exit_code"] == 2 and message in doc["error"]
+    assert doc["stderr"] == str(tmp_path / "out" / "run1" / "stderr.txt")
+    if script == "fails.py":
+        assert "user script exploded: bad config value" in err  # the stderr tail is shown
+        assert "Fix the script" in err
+
+
+def test_bad_commands(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--", "bash", "x.sh"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "torchrepro records Python training scripts" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--", "python", "nope.py"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "script 'nope.py' does not exist" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check"], capture_output=True, text=True)
+    assert p.returncode == 2 and "no command given" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--seed", "-4", "--", "python", "x.py"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "[0, 4294967295]" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rec")
+    for i in (1, 2):
+        subprocess.run([sys.executable, "-m", "torchrepro", "run", "--record", str(out / f"r{i}"), "--keep-values",
+                        "--", "python", str(EXAMPLES / "unseeded_init.py")], check=True, capture_output=True)
+    return out
+
+
+def diff(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchrepro", "diff", *args], capture_output=True, text=True)
+
+
+def test_diff_two_recorded_runs(recorded, tmp_path):
+    p = diff(str(recorded / "r1"), str(recorded / "r2"), "--json", "--out", str(tmp_path / "d"))
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["cause"] == "initial-weights" and doc["first_divergent_step"] == 0
+    assert doc["final_max_abs_delta_weight"] > 0
+    p = diff(str(recorded / "r1"), str(recorded / "r1"), "--out", str(tmp_path / "e"))
+    assert p.returncode == 0 and "IDENTICAL" in p.stdout
+
+
+def test_diff_of_different_commands_is_not_comparable(recorded, tmp_path):
+    other = _copy(recorded / "r2", tmp_path / "other")
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["command"] = [*manifest["command"], "--wide"]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    p = diff(str(recorded / "r1"), str(other), "--out", str(tmp_path / "d"))
+    assert p.returncode == 2 and p.stdout == ""
+    assert "the runs are not comparable" in p.stderr and "'--wide' only in run 2" in p.stderr
+    assert "initial-weights" not in p.stderr
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_diff_bad_run_dirs(recorded, tmp_path):
+    good = recorded / "r1"
+    p = diff(str(tmp_path / "missing"), str(good))
+    assert p.returncode == 2 and "is not a directory" in p.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = diff(str(empty), str(good))
+    assert p.returncode == 2 and "has no manifest.json" in p.stderr
+    corrupt = _copy(good, tmp_path / "corrupt")
+    (corrupt / "manifest.json").write_text('{"format": "torchrepro.run", "vers')
+    p = diff(str(corrupt), str(good))
+    assert p.returncode == 2 and "manifest.json: is not valid JSON" in p.stderr
+    truncated = _copy(good, tmp_path / "truncated")
+    trace = truncated / "trace.jsonl"
+    trace.write_bytes(trace.read_bytes()[:-30])
+    p = diff(str(truncated), str(good))
+    assert p.returncode == 2 and "the trace is truncated" in p.stderr
+    foreign = _copy(good, tmp_path / "foreign")
+    (foreign / "manifest.json").write_text('{"format": "something-else"}')
+    p = diff(str(foreign), str(good))
+    assert p.returncode == 2 and "has format 'something-else', expected 'torchrepro.run'" in p.stderr
+    badvalues = _copy(good, tmp_path / "badvalues")
+    (badvalues / "values" / "final.pt").write_bytes(b"garbage")
+    p = diff(str(badvalues), str(recorded / "r2"))
+    assert p.returncode == 2 and "final.pt: cannot be read" in p.stderr

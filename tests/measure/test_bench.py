@@ -1,0 +1,141 @@
+"""`torchrepro bench`: every variant timed in alternating runs, warm-up left out, clear errors. Never asserts times."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchrepro.cli import main
+from torchrepro.cli.bench_cmd import _Config, _results, render_bench
+from torchrepro.record.store import read_trace_lines
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+TINY = ["python", str(SCRIPTS / "bench_tiny.py")]
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the default variants differ with CUDA")
+
+
+def bench(capsys, out: Path, *args: str, command: list[str] = TINY) -> tuple[int, dict]:
+    rc = main(["bench", "--json", "--out", str(out), *args, "--", *command])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@CPU_ONLY
+def test_variants_alternate_and_warmup_steps_are_left_out(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--steps", "3", "--warmup", "2", "--rounds", "2")
+    assert rc == 0, doc
+    assert doc["schema"] == "torchrepro.bench/1" and doc["device"] == "cpu" and doc["builtin"] is None
+    assert doc["order"] == ["default", "deterministic", "deterministic", "default"]  # A B B A
+    default, det = doc["results"]
+    assert (default["variant"], det["variant"]) == ("default", "deterministic")
+    assert default["runs"] == ["run1", "run4"] and det["runs"] == ["run2", "run3"]
+    assert default["overhead"] is None and default["overhead_ci"] is None and det["baseline"] == "default"
+    lo, hi = det["overhead_ci"]
+    assert lo <= det["overhead"] <= hi
+    for result in (default, det):
+        assert result["steps"] == 6 and len(result["step_ms"]) == 6 and min(result["step_ms"]) > 0
+        assert result["q1_ms"] <= result["median_ms"] <= result["q3_ms"]
+        assert result["peak_memory"]["kind"] == "max-rss" and result["peak_memory"]["bytes"] > 0
+        times = []
+        for name in result["runs"]:  # the timed steps are steps 3..5 of each run, timed from the step before
+            manifest = json.loads((out / name / "manifest.json").read_text())
+            assert manifest["status"] == "stopped-at-max-steps" and manifest["steps"] == 5
+            assert manifest["deterministic"] == (result["variant"] == "deterministic")
+            steps = [e for e in read_trace_lines(out / name)[0] if e["kind"] == "step"]
+            assert all(fp is None for e in steps for fp in e["params"].values())  # timing only: no fingerprints
+            t = [e["t"] for e in steps]
+            assert len(t) == 5
+            times += [(t[k] - t[k - 1]) * 1e3 for k in (2, 3, 4)]
+        assert result["step_ms"] == pytest.approx(times)
+    text = (out / "bench.txt").read_text()
+    assert text == render_bench(doc) + "\n"
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "ms/step (median)" in line)
+    assert "overhead vs default (95% CI)" in lines[header] and "peak memory" in lines[header]
+    rows = [line.split()[0] for line in lines[header + 2:header + 4]]
+    assert rows == ["default", "deterministic"] and "baseline" in lines[header + 2]
+    assert Path(doc["plot"]).is_file() and json.loads((out / "bench.json").read_text()) == doc
+
+
+def test_builtin_resnet18_times_fp32_and_bf16(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--builtin", "resnet18", "--variants", "default", "--steps", "1", "--warmup", "1",
+                    "--rounds", "1", command=["--batch-size", "2", "--image-size", "32"])
+    assert rc == 0, doc
+    assert [r["config"] for r in doc["results"]] == ["fp32 default", "bf16 default"]
+    assert [r["baseline"] for r in doc["results"]] == ["fp32 default", "bf16 default"]  # each precision its own
+    assert doc["builtin"] == "resnet18" and doc["command"][1:3] == ["-m", "torchrepro.measure.models"]
+    for r in doc["results"]:
+        manifest = json.loads((out / r["runs"][0] / "manifest.json").read_text())
+        command = manifest["command"]
+        assert command[command.index("--precision") + 1] == r["precision"] and command[-4:] == [
+            "--batch-size", "2", "--image-size", "32"]
+
+
+def test_a_script_that_never_steps_or_stops_early_is_an_input_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--steps", "2", "--warmup", "1", command=["python", str(SCRIPTS / "no_steps.py")])
+    assert rc == 2 and doc["verdict"] == "error"
+    assert "run 1 of 4 (default) finished but recorded no optimizer step and no backward() call. torchrepro " \
+           "bench needs training steps" in doc["error"]
+    assert not (out / "run2").exists()  # stopped at the first bad run
+    rc, doc = bench(capsys, out, "--steps", "3", "--warmup", "1", command=[*TINY, "--steps", "2"])  # same --out
+    assert rc == 2
+    assert "run 1 of 4 (default) made only 2 steps; bench needs 1 warm-up + 3 timed steps per run" in doc["error"]
+    assert not (out / "run2").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "argument --steps: expected a positive integer, got '0'"),
+    (["--warmup", "0"], "the first step of a run has no start boundary to time it from"),
+    (["--variants", "default,fast"], "argument --variants: unknown variant fast; known: default, deterministic, "
+                                     "cudnn-benchmark, no-tf32"),
+    (["--precisions", "fp8", "--builtin", "resnet18"], "unknown precision fp8; known: fp32, bf16"),
+    (["--precisions", "fp32"], "--precisions needs --builtin"),
+])
+def test_bad_options_exit_2_before_running_anything(tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    rc = main(["bench", "--out", str(out), *args, "--", *TINY])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_errors_as_one_json_document_and_a_users_folder_is_never_replaced(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "bench", "--json", "--steps", "0", "--", *TINY],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    doc = json.loads(p.stdout)
+    assert doc["verdict"] == "error" and doc["exit_code"] == 2 and "--steps" in doc["error"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["bench", "--out", str(mine), "--", *TINY]) == 2
+    assert [x.name for x in mine.iterdir()] == ["notes.txt"]
+    assert main(["bench"]) == 2  # no command and no --builtin
+
+
+def test_overheads_are_taken_within_each_precision():
+    configs = [_Config(f"{p} {v}", p, v, [], durations=[base * f for f in (1.0, 1.1, 0.9, 1.05)])
+               for p, scale in (("fp32", 1.0), ("bf16", 0.5)) for v, base in (("default", 10 * scale),
+                                                                               ("deterministic", 12 * scale))]
+    results = _results(configs)
+    assert [r["baseline"] for r in results] == ["fp32 default"] * 2 + ["bf16 default"] * 2
+    assert results[1]["overhead"] == pytest.approx(0.2) and results[3]["overhead"] == pytest.approx(0.2)
+    assert results[0]["median_ms"] == pytest.approx(10.25) and results[2]["median_ms"] == pytest.approx(5.125)
+
+
+def test_a_script_without_an_optimizer_is_timed_per_backward_call(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--variants", "default", "--rounds", "1", "--steps", "2", "--warmup", "1",
+                    command=["python", str(SCRIPTS / "manual_sgd.py")])
+    assert rc == 0, doc
+    (result,) = doc["results"]
+    events = read_trace_lines(out / "run1")[0]
+    t = [e["t"] for e in events if e["kind"] == "backward"]
+    assert not any(e["kind"] == "step" for e in events) and len(t) == 3
+    assert result["step_ms"] == pytest.approx([(t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3])
