@@ -135,6 +135,18 @@ def test_walk_is_bounded_and_skips_what_is_not_the_users(tmp_path):
     assert list(snap.entries) == ["a", "b"] and snap.truncated
 
 
+def test_walk_of_a_folder_larger_than_the_limit_is_truncated_even_when_some_entries_are_skipped(tmp_path):
+    """A folder is listed only up to the limit; skipped entries in the part read (torchrepro's own output, which
+    check creates before it walks) must not hide that the folder goes on (before: 10,054 files passed --fresh-cwd)."""
+    skip = [tmp_path / f"skip{i}" for i in range(20)]
+    for d in skip:
+        d.mkdir()
+    for name in "abcdef":
+        (tmp_path / name).write_text(name)
+    snap = walk(tmp_path, skip=skip, limit=5)
+    assert snap.truncated and len(snap.entries) <= 5
+
+
 def _reads(opened: dict[str, bool], root: Path) -> list[dict]:
     return [{"root": str(root), "opened": opened, "listed": {}, "truncated": False}]
 

@@ -126,6 +126,7 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Sna
         try:
             with os.scandir(path) as it:  # a huge flat folder is read only up to the limit
                 children = sorted(itertools.islice(it, limit + 1), key=lambda e: e.name)
+                more = next(it, None) is not None  # it goes on past what was read: skipped entries must not hide it
         except OSError:
             continue
         for entry in children:
@@ -142,6 +143,8 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Sna
             entries[sub] = (st.st_mtime_ns, st.st_size, st.st_ino)
             if is_dir:
                 queue.append((entry.path, sub + os.sep))
+        if more:
+            return Snapshot(entries, truncated=True)
     return Snapshot(entries, truncated=False)
 
 
