@@ -277,3 +277,21 @@ def test_an_identical_verdict_that_read_an_earlier_runs_output_is_warned(tmp_pat
         "Warning: The runs shared the working directory and a later run read what an earlier one wrote there: run 2 "
         "listed out/checkpoint-10 (created by run 1). The runs did not start from the same state, so this comparison "
         f"does not show whether the script is reproducible. {ADVICE}")
+
+
+def test_fresh_cwd_on_a_directory_too_large_to_copy_is_refused_before_anything_is_made(tmp_path, monkeypatch,
+                                                                                          capsys):
+    import torchrepro.record.workdir as wd
+    from torchrepro.cli import main
+
+    monkeypatch.setattr(wd, "COPY_FILES", 5)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('never run')\n")
+    for i in range(8):
+        (tmp_path / f"data{i}.txt").write_text(str(i))
+    assert main(["check", "--json", "--fresh-cwd", "--", "python", "train.py"]) == 2
+    doc = json.loads(capsys.readouterr().out)  # exactly one JSON document
+    assert doc["verdict"] == "error" and doc["exit_code"] == 2
+    assert doc["error"].startswith(f"--fresh-cwd copies the working directory {tmp_path} for every run, but it "
+                                   "holds more than 5 files")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["train.py", *(f"data{i}.txt" for i in range(8))])

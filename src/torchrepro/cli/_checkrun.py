@@ -140,13 +140,16 @@ class Isolation:
     watch: WorkdirWatch | None = None
     copies: list[str] = dataclasses.field(default_factory=list)
 
+    @staticmethod
+    def refuse_uncopyable(fresh: bool, out: str | None) -> None:
+        """``--fresh-cwd`` on a working directory too large to copy is refused before any directory is made."""
+        if fresh:
+            check_copyable(Path.cwd(), skip=[Path(out)] if out else [])
+
     @classmethod
     def for_check(cls, fresh: bool, out: Path) -> Isolation:
-        """``--fresh-cwd``: copies (refused now if the cwd is too large); otherwise a watch on the cwd."""
-        if fresh:
-            check_copyable(Path.cwd(), skip=[out])
-            return cls(fresh=True)
-        return cls(watch=WorkdirWatch(Path.cwd(), skip=[out]))
+        """``--fresh-cwd``: copies (checked by :meth:`refuse_uncopyable`); otherwise a watch on the cwd."""
+        return cls(fresh=True) if fresh else cls(watch=WorkdirWatch(Path.cwd(), skip=[out]))
 
     def options(self, i: int, out: Path, run_dir: Path, opts: LaunchOptions) -> LaunchOptions:
         """Run ``i``'s launch options: its own copy of the cwd, or the audit of what it reads."""

@@ -34,6 +34,7 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
         raise CommandError("--locate does not trace runs of several ranks yet. Record two runs with `torchrepro run "
                            "--record DIR --nproc-per-node N --trace-steps K -- ...` and compare one rank's "
                            "directories with `torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
+    Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",

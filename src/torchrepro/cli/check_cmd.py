@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_ranks_check(args, command, nproc)
     parse_python_command(command)  # a bad command is refused before any directory is made
+    Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
