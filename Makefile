@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch, pinned for development and CI (the package itself asks only torch>=2.1).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test setup lint clean bench
+.PHONY: demo test setup lint docs typecheck package-check clean bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,8 +23,20 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks tools
 
-test: lint
-	$(BIN)/python -m pytest -q
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, anchor or API reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# mypy on src/torchrepro, configured in pyproject.toml (strict on the public API).
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy
+
+# Build the sdist and wheel, twine check, install the wheel into a fresh venv and smoke-test it (tools/package_check.py).
+package-check: $(STAMP)
+	$(BIN)/python tools/package_check.py --torch-pin "$(TORCH_PIN)"
+
+test: lint docs typecheck package-check
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fingerprint.py
@@ -38,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_nn_alternatives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-out
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis demo-out site build dist src/torchrepro.egg-info

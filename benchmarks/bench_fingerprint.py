@@ -1,9 +1,12 @@
 """Fingerprint throughput vs tensor.sum(), sha256 of host bytes and torch.hash_tensor (10M float32, CPU).
 
 Targets: fingerprint >= 0.8x the throughput of tensor.sum(), and >= 5x that of sha256.
-Also printed: the CPU fingerprint hashed in one thread, and the on-device algorithm (splitmix64 sums, what
-CUDA tensors use) run on the CPU, for reference.
-Run: python benchmarks/bench_fingerprint.py
+Also printed: the CPU fingerprint hashed in one thread, the on-device algorithm (splitmix64 sums, what
+CUDA tensors use) run on the CPU, for reference, and the machine's memory bandwidth as a plain copy
+(``dst.copy_(x)``, on torch's threads and on one) measures it: both sum and the fingerprint read every byte
+once, so a ratio below 0.8x with sum near the copy's read rate means memory is not the limit, XXH3's speed
+per core is (the last lines say which).
+Run: python benchmarks/bench_fingerprint.py [--quick]
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ def _one_thread(fn: Any) -> Any:
         torch.set_num_threads(old)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
     x = torch.randn(10_000_000, generator=torch.Generator().manual_seed(0))
+    dst = torch.empty_like(x)
     cpu = torch.device("cpu")
     variants = {
         "tensor.sum()": lambda: x.sum(),
@@ -42,15 +47,20 @@ def main() -> int:
         "fingerprint, 1 thread": lambda: _one_thread(lambda: fpmod.fingerprint(x)),
         "tensor.sum(), 1 thread": lambda: _one_thread(x.sum),
         "sha256(host bytes)": lambda: hashlib.sha256(x.numpy().tobytes()).digest(),
+        "plain copy": lambda: dst.copy_(x),
+        "plain copy, 1 thread": lambda: _one_thread(lambda: dst.copy_(x)),
     }
     if hasattr(torch, "hash_tensor"):
         variants["torch.hash_tensor"] = lambda: torch.hash_tensor(x)
-    times = interleaved(variants, rounds=31, inner=5)
-    times.update(interleaved({"device algorithm on CPU": lambda: fpmod._digests_torch([x], cpu)}, rounds=3, inner=1))
+    times = interleaved(variants, rounds=11 if quick else 31, inner=5)
+    times.update(interleaved({"device algorithm on CPU": lambda: fpmod._digests_torch([x], cpu)}, rounds=1 if quick
+                             else 3, inner=1))
     used = fpmod.algorithms_since()
     print(f"10M float32 on CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, algorithms {used}")
+    print(f"  {'':<24} {'time':>11}   {'bytes read':>10}   read rate / plain copy's")
+    copy = times["plain copy"]
     for name, t in times.items():
-        print(f"  {name:<24} {t * 1e3:8.3f} ms   {x.numel() * 4 / t / 1e9:7.2f} GB/s")
+        print(f"  {name:<24} {t * 1e3:8.3f} ms   {x.numel() * 4 / t / 1e9:5.2f} GB/s   {copy / t:5.2f}x")
     fp = times["torchrepro.fingerprint"]
     vs_sum = times["tensor.sum()"] / fp
     vs_sha = times["sha256(host bytes)"] / fp
@@ -62,6 +72,15 @@ def main() -> int:
     core = times["tensor.sum(), 1 thread"] / times["fingerprint, 1 thread"]
     print(f"per core: fingerprint (1 thread) / sum (1 thread) = {core:.2f}x  (XXH3 against a plain reduction, "
           "each on one core)")
+    bandwidth = x.numel() * 4 / copy / 1e9
+    print(f"memory bandwidth (plain copy, {torch.get_num_threads()} threads): {bandwidth:.2f} GB/s read + as much "
+          f"written; sum reads at {times['plain copy'] / times['tensor.sum()']:.2f}x, the fingerprint at "
+          f"{copy / fp:.2f}x the copy's read rate")
+    per_core = x.numel() * 4 / times["fingerprint, 1 thread"] / 1e9
+    print(f"  XXH3 on one core: {per_core:.2f} GB/s; {torch.get_num_threads()} cores at that speed: "
+          f"{per_core * torch.get_num_threads():.2f} GB/s "
+          f"({'above' if per_core * torch.get_num_threads() > bandwidth else 'below'} the copy's read rate: "
+          f"{'memory' if per_core * torch.get_num_threads() > bandwidth else 'hashing speed per core'} is the limit)")
     if "torch.hash_tensor" in times:
         print(f"throughput ratio fingerprint / torch.hash_tensor = {times['torch.hash_tensor'] / fp:.2f}x "
               "(hash_tensor is XOR-based and does not see swapped values)")

@@ -11,6 +11,7 @@ On a GPU: python benchmarks/bench_nn_alternatives.py --device cuda  (distinct re
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -20,6 +21,7 @@ import torch
 
 import torchrepro.nn as rnn
 import torchrepro.nn.functional as RF
+from torchrepro._core.compat import device_problem
 
 TARGET = 2.0
 
@@ -146,13 +148,27 @@ def determinism(device: str, repeats: int = 10) -> None:
         print(f"  {name:26s} {counts[0]:2d} / {counts[1]:2d}{'' if counts[1] == 1 else '  NOT DETERMINISTIC'}")
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench_nn_alternatives.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds")
+    parser.add_argument("--cpu-time", action="store_true", help="one thread, process CPU time instead of wall time")
+    parser.add_argument("--device", metavar="D",
+                        help="count distinct results over 10 calls on this device (a GPU: cuda) instead of timing")
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if "--device" in args:
-        determinism(args[args.index("--device") + 1])
+    args = _parse(argv)
+    if args.device is not None:
+        problem = device_problem(args.device)
+        if problem is not None:
+            print(f"bench_nn_alternatives: error: --device {args.device}: {problem}. Run it on a machine with that "
+                  "device, or leave --device out to time the ops on this CPU.", file=sys.stderr)
+            return 2
+        determinism(args.device)
         return 0
-    quick = "--quick" in args
-    cpu_time = "--cpu-time" in args
+    quick, cpu_time = args.quick, args.cpu_time
     if cpu_time:  # one thread, process CPU time: what other jobs on a shared machine disturb least
         torch.set_num_threads(1)
     clock = time.process_time if cpu_time else time.perf_counter

@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     from .record.metrics import log_metric
     from .record.optrace import trace_ops
     from .record.recorder import watch
+    from .record.resumeat import ResumePoint, resume_point
     from .resume.checkpoint import load_checkpoint, save_checkpoint
     from .resume.data import ResumableLoader, make_generator, seed_worker
     from .resume.verify import ResumeReport, verify_resume
@@ -107,6 +108,8 @@ _EXPORTS: dict[str, str] = {
     "DeterminismPolicy": "control.policy",
     "mark_deterministic": "control.policy",
     "watch": "record.recorder",
+    "ResumePoint": "record.resumeat",
+    "resume_point": "record.resumeat",
     "OpEntry": "control.registry",
     "nondeterministic_ops": "control.registry",
     "ResumeReport": "resume.verify",
@@ -146,6 +149,7 @@ __all__ = [
     "ReproError",
     "ReproWarning",
     "ResumableLoader",
+    "ResumePoint",
     "ResumeReport",
     "RunDirError",
     "ScanFinding",
@@ -174,6 +178,7 @@ __all__ = [
     "measure_nondeterminism",
     "nondeterministic_ops",
     "register_generator",
+    "resume_point",
     "save_checkpoint",
     "save_rng_state",
     "scan",

@@ -355,13 +355,16 @@ def test_bisection_over_prefixes_finds_the_kernel_when_instrumentation_is_off(tm
     from torchrepro.record.compiled import measure_graphs
 
     torch.set_num_threads(2)
-    with CompileWatch(capture={"repeats": 8, "instrument": False}) as watch:
-        torch.manual_seed(0)
-        emb = nn.Embedding(64, 32)
-        f = torch.compile(lambda idx, y: (emb(idx) * y).sum())  # BISECT-LINE
-        f(torch.randint(0, 64, (4, 64)), torch.randn(4, 64, 32)).backward()
-    doc = json.loads(measure_graphs(watch, tmp_path, {"": emb}).read_text())
-    backward = next(g for g in doc["graphs"] if g["kind"] == "backward")
+    for attempt in range(3):  # the variation needs the two threads to overlap: a loaded machine may miss it once
+        with CompileWatch(capture={"repeats": 32, "instrument": False}) as watch:
+            torch.manual_seed(0)
+            emb = nn.Embedding(64, 32)
+            f = torch.compile(lambda idx, y, emb=emb: (emb(idx) * y).sum())  # BISECT-LINE
+            f(torch.randint(0, 64, (4, 64)), torch.randn(4, 64, 32)).backward()
+        doc = json.loads(measure_graphs(watch, tmp_path / str(attempt), {"": emb}).read_text())
+        backward = next(g for g in doc["graphs"] if g["kind"] == "backward")
+        if "bisect" in backward:
+            break
     assert backward["compiled"] == [] and backward["bisect"]["node"].startswith("_unsafe_masked_index_put")
     result = locate_compiled([doc], step=1)
     assert result.verdict == "compiled-kernel" and result.finding.method == "bisection"

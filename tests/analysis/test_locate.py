@@ -37,6 +37,7 @@ def test_index_put_origin_with_module_phase_and_line(tmp_path):
     assert rc == 1, err
     loc = doc["locate"]
     assert loc["verdict"] == "origin" and loc["step"] == 1
+    assert doc["action"].startswith("See Locate below")  # not "check --locate names the operation": it ran
     op = loc["op"]
     assert op["op"] == "aten.index_put_" and op["phase"] == "forward" and op["module"] == "layers.0"
     assert Path(op["file"]).resolve() == script.resolve()

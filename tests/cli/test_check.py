@@ -56,7 +56,10 @@ def test_examples(tmp_path, name, flags, script_args, verdict, step, cause):
     assert rc == (0 if verdict == "identical" else 1), err
     assert doc["schema"] == "torchrepro.check/1"
     assert doc["verdict"] == verdict and doc["first_divergent_step"] == step and doc["cause"] == cause
-    assert len(set(doc["steps"])) == 1 and doc["steps"][0] > 0
+    # a diverged run 2 is stopped 5 steps after its first divergence (unless it ends before)
+    full = doc["steps"][0]
+    assert full > 0 and doc["steps"] == [full, full if verdict == "identical" else min(full, step + 5)]
+    assert doc["stopped"][0] is None and (doc["stopped"][1] is None) == (verdict == "identical" or full < step + 5)
     assert Path(doc["plot"]).is_file()
     # The first step whose recorded loss values differ must be where the comparison says the loss diverged.
     loss_step = next((k for k, vals in enumerate(zip(*doc["losses"]), start=1) if len(set(vals)) > 1), None)
@@ -65,8 +68,10 @@ def test_examples(tmp_path, name, flags, script_args, verdict, step, cause):
         assert doc["action"]
         assert [d["kind"] for d in doc["diverged_first"]] == FIRST[name](loss_step)
         assert doc["first_step_by_kind"] == BY_KIND[name](loss_step)
-        if cause == "compute":
+        if cause == "compute" and doc["stopped"][1] is None:
             assert doc["final_max_abs_delta_weight"] > 0 and doc["max_ulp_distance"] > 0
+        if cause == "compute":
+            assert max(doc["param_max_abs_delta"].values()) > 0
     else:
         assert doc["diverged_first"] == [] and doc["first_step_by_kind"] == {}
         assert doc["final_max_abs_delta_weight"] is None or doc["final_max_abs_delta_weight"] == 0
@@ -79,8 +84,10 @@ def test_text_summary_and_three_runs(tmp_path):
     assert p.returncode == 1
     assert "DIVERGED at step 0" in p.stdout and "Cause: initial-weights" in p.stdout
     assert "torchrepro.seed_everything" in p.stdout
-    assert sorted(x.name for x in out.iterdir()) == ["check.json", "check.png", "run1", "run2", "run3"]
-    assert "run 3/3 ok" in p.stderr
+    assert sorted(x.name for x in out.iterdir()) == ["check.json", "check.png", "report.html", "run1", "run2", "run3"]
+    assert "run 3" in (out / "report.html").read_text() and "initial parameters" in (out / "report.html").read_text()
+    assert "run 3/3 stopped-after-divergence: 5 steps" in p.stderr  # 5 steps after step 0, of 8
+    assert "Stopped: run 3 stopped 5 steps after its first divergence (step 0), after step 5" in p.stdout
 
 
 def test_manual_update_script_is_checked_per_backward(tmp_path):

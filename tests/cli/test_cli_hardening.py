@@ -78,17 +78,23 @@ def test_record_refuses_a_users_folder(tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--out", "--record"])
-def test_output_path_that_is_a_file_or_under_a_missing_parent(tmp_path, flag):
+def test_output_path_that_is_a_file_or_under_a_file(tmp_path, flag):
     command = "check" if flag == "--out" else "run"
     afile = tmp_path / "afile"
     afile.write_text("x")
     p = cli(command, flag, str(afile), "--", "python", str(SCRIPTS / "manual_sgd.py"))
     assert p.returncode == 2 and f"{flag} {afile}: exists and is not a directory" in p.stderr
-    assert afile.read_text() == "x"
-    deep = tmp_path / "missing" / "deeper" / "out"
-    p = cli(command, flag, str(deep), "--", "python", str(SCRIPTS / "manual_sgd.py"))
-    assert p.returncode == 2 and f"the parent directory {deep.parent} does not exist" in p.stderr
-    assert "Traceback" not in p.stderr and not (tmp_path / "missing").exists()
+    under = afile / "deeper" / "out"
+    p = cli(command, flag, str(under), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    assert p.returncode == 2 and f"{afile} is a file, not a directory" in p.stderr
+    assert "Traceback" not in p.stderr and afile.read_text() == "x"
+
+
+def test_record_creates_missing_parents_as_watch_does(tmp_path):
+    """README's `torchrepro run --record runs/a` works in a fresh directory, as `watch(run_dir="runs/a")` does."""
+    p = cli("run", "--record", "runs/a", "--", sys.executable, str(SCRIPTS / "manual_sgd.py"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "runs" / "a" / "manifest.json").is_file()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
@@ -166,16 +172,33 @@ def _gone(pid: int, timeout: float = 30) -> bool:
     return not _alive(pid)
 
 
+def _signals_as_in_a_terminal() -> None:
+    """In the torchrepro process, before exec: the signals the test sends take their default action.
+
+    A test suite started as a background job of a non-interactive shell (`make test &`, some CI runners) inherits
+    SIGINT ignored, and Python installs no KeyboardInterrupt handler for an ignored SIGINT: torchrepro would then
+    (rightly, as the script itself would) never see the signal, and the test waited out its timeout.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command, sig", [("check", signal.SIGTERM), ("run", signal.SIGHUP),
                                           ("run", signal.SIGINT)])
 def test_signal_stops_the_script_and_exits_128_plus_signal(tmp_path, command, sig):
     pidfile, out = tmp_path / "child.pid", tmp_path / "out"
     flag = "--out" if command == "check" else "--record"
     proc = subprocess.Popen([*TORCHREPRO, command, flag, str(out), "--", "python", str(SCRIPTS / "forever.py"),
-                             str(pidfile)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    child = _wait_for(pidfile, proc)
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
+                             str(pidfile)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_signals_as_in_a_terminal)
+    try:
+        child = _wait_for(pidfile, proc)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:  # a failed test must not leave torchrepro and the endless script behind, loading the machine
+        if proc.poll() is None:
+            proc.terminate()  # torchrepro passes it on to the script
+            proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, stderr
     assert _gone(child), "the training script outlived torchrepro"
     assert f"interrupted by {signal.Signals(sig).name}" in stderr
@@ -294,8 +317,13 @@ def test_named_interpreter_is_used_or_refused(tmp_path):
     assert p.returncode == 2
     doc = json.loads(p.stdout)
     assert doc["verdict"] == "error" and doc["exit_code"] == 2
-    assert f"torchrepro is not installed for the interpreter in your command ({bare})" in doc["error"]
-    assert f"{bare} -m pip install torchrepro" in doc["error"]
+    # torchrepro, or with PYTHONPATH pointing at a checkout only torch, is what the bare interpreter lacks
+    finds = subprocess.run([str(bare), "-c", "import importlib.util as u; print(bool(u.find_spec('torchrepro')))"],
+                           capture_output=True, text=True, timeout=120).stdout.strip() == "True"
+    missing = "torch" if finds else "torchrepro"
+    assert f"{missing} is not installed for the interpreter in your command ({bare})" in doc["error"]
+    assert f"{bare} -m pip install {missing}" in doc["error"]
+    assert "Fix the script" not in doc["error"]
     p = cli("run", "--", str(tmp_path / "nowhere" / "python3"), str(SCRIPTS / "show_env.py"))
     assert p.returncode == 2 and "was not found (no such executable file)" in p.stderr
     # An interpreter of another environment that can import torchrepro is the one that runs the script.
@@ -393,3 +421,21 @@ def test_recorded_run_keeps_the_scripts_exit_work(tmp_path):
     assert (out / "unclosed.txt").read_text() == "buffered line\n"
     assert (out / "atexit.txt").read_text() == "atexit ran\n"
     assert (out / "finalizer.txt").read_text() == "finalized\n"
+
+
+# --- torchrepro's own failures are never blamed on the script ----------------------------------------------
+def test_a_script_using_the_new_tf32_api_is_recorded(tmp_path):
+    """envinfo read cudnn.allow_tf32, which raises once the script set fp32_precision (torch >= 2.9)."""
+    p = cli("run", "--record", str(tmp_path / "rec"), "--", sys.executable, str(SCRIPTS / "new_tf32_api.py"))
+    assert p.returncode == 0, p.stderr
+    manifest = json.loads((tmp_path / "rec" / "manifest.json").read_text())
+    assert manifest["environment"]["precision"]["cuda_matmul_allow_tf32"] is False
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_a_failure_in_torchrepros_child_code_is_an_internal_error(tmp_path, command):
+    flag = "--record" if command == "run" else "--out"
+    p = cli(command, flag, str(tmp_path / "out"), "--", sys.executable, str(SCRIPTS / "breaks_torchrepro.py"))
+    assert p.returncode == 3, p.stderr
+    assert "a bug in torchrepro, not in your script" in p.stderr and "summary failed on purpose" in p.stderr
+    assert "Fix the script" not in p.stderr

@@ -116,3 +116,38 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="enabled must be a bool"):
         torchrepro.deterministic("yes")  # type: ignore[arg-type]
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_each_setting_can_be_left_out_and_is_restored(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv(determinism.INDUCTOR_ENV, raising=False)
+    monkeypatch.delitem(__import__("sys").modules, "torch._inductor.config", raising=False)
+    before = _flags()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    with torchrepro.deterministic():
+        assert os.environ[determinism.INDUCTOR_ENV] == "1" and torchrepro.current_config().inductor_deterministic
+    with torchrepro.deterministic(fill_uninitialized_memory=False, cudnn_deterministic=False, cudnn_benchmark=True,
+                                  cublas_workspace=None, inductor=False):
+        cfg = torchrepro.current_config()
+        assert cfg.use_deterministic_algorithms and cfg.fill_uninitialized_memory is False
+        assert not cfg.cudnn_deterministic and cfg.cudnn_benchmark and cfg.cublas_workspace_config is None
+        assert determinism.INDUCTOR_ENV not in os.environ and cfg.inductor_deterministic is False
+    with torchrepro.deterministic(use_deterministic_algorithms=False, warn_only=True):
+        cfg = torchrepro.current_config()
+        assert not cfg.use_deterministic_algorithms and not cfg.warn_only and cfg.cudnn_deterministic
+        assert cfg.fill_uninitialized_memory is fill  # acts only under deterministic algorithms: left as it was
+    assert _flags() == before and determinism.INDUCTOR_ENV not in os.environ
+
+
+def test_inductor_setting_goes_into_an_imported_inductor_config(monkeypatch):
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(deterministic=False)
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", fake)
+    monkeypatch.delenv(determinism.INDUCTOR_ENV, raising=False)
+    with torchrepro.deterministic():
+        assert fake.deterministic is True
+    assert fake.deterministic is False
+    with pytest.raises(TypeError, match="inductor must be a bool, got 'no'"):
+        torchrepro.deterministic(inductor="no")  # type: ignore[arg-type]

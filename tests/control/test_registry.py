@@ -195,7 +195,8 @@ def test_cpu_ops_checked_and_found_stable_are_not_listed():
 CONDITION_ARGS = {"accumulate": "accumulate", "no_accumulate": "accumulate", "weights": "weights",
                   "src_tensor": "src", "reduce_sum_mean": "reduce", "reduce_prod": "reduce",
                   "transposed": "transposed", "not_transposed": "transposed", "with_indices": "dim",
-                  "mode_max": "mode", "float_or_complex": "self", "sparse_input": None, "reduced": "reduction"}
+                  "mode_max": "mode", "float_or_complex": "self", "sparse_input": None, "reduced": "reduction",
+                  "cublas_workspace_unset": None}
 
 
 @pytest.mark.parametrize("entry", nondeterministic_ops(), ids=lambda e: f"{e.device}:{_id(e)}")

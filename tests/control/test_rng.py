@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -316,3 +320,41 @@ def test_cuda_rng_round_trip_around_first_use(tmp_path):
     loaded = run_python(CUDA_LOAD, path)
     assert loaded.returncode == 0, loaded.stderr
     assert json.loads(loaded.stdout) == json.loads(saved.stdout)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "its JSON cannot be read: it is nested too deeply"),
+        (b'{"format": ' + b"9" * 5000 + b"}", "its JSON cannot be read: Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_unreadable_json_is_a_state_file_error(tmp_path, content, message):
+    """An RNG state file is untrusted input: deep nesting or a huge integer was a RecursionError/ValueError."""
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    snap = _untouched()
+    with pytest.raises(StateFileError) as info:
+        torchrepro.load_rng_state(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+    assert _same(snap, _untouched())
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_or_device_is_refused_not_waited_on(tmp_path):
+    """Reading a FIFO blocked until a writer came, /dev/zero never ended: both are refused before they are opened.
+    In a child process, so that a regression fails by its timeout instead of hanging the suite."""
+    os.mkfifo(tmp_path / "pipe.json")
+    code = ("import sys, torchrepro\n"
+            "for p in sys.argv[1:]:\n"
+            "    try:\n"
+            "        torchrepro.load_rng_state(p)\n"
+            "    except torchrepro.StateFileError as e:\n"
+            "        print(e)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(torchrepro.__file__).parents[1])}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "pipe.json"), "/dev/zero"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    action = "Check the path, or create it with save_rng_state()."
+    assert p.stdout.splitlines() == [f"{tmp_path}/pipe.json: is a FIFO (named pipe), expected a regular file. {action}",
+                                     f"/dev/zero: is a character device, expected a regular file. {action}"]

@@ -72,6 +72,9 @@ def test_check_under_torchrun_names_the_desynchronised_rank_tensor_and_step(tmp_
     assert [(d["run"], d["step"], d["kind"], d["names"], d["ranks"], d["reference"]) for d in doc["desync"]] == [
         (1, 3, "params", ["module.fc1.weight"], [1], [0]), (2, 3, "params", ["module.fc1.weight"], [1], [0])]
     assert doc["desync_cause"]["action"]
+    page = (out / "report.html").read_text()  # the report says it as the terminal does
+    assert doc["report"] == str(out / "report.html") and "DESYNCHRONISED" in page
+    assert "run 1: rank 1 differs from rank 0 at step 3: parameters module.fc1.weight" in page
     # the script's own check_consistency (every step, in every rank) names the same rank, tensor and step
     for rank in (0, 1):
         text = (out / "run1" / f"rank{rank}" / "stdout.txt").read_text()

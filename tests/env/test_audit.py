@@ -59,6 +59,22 @@ def test_a_clean_setting_has_no_findings(base_env):
     assert result["hardware"][0] == INFO
 
 
+def test_a_rows_title_states_the_finding_not_the_goal(base_env):
+    """A THREAT row titled 'deterministic algorithms on' read as the opposite of what was found."""
+    off = changed(base_env, "determinism", use_deterministic_algorithms=False, cudnn_benchmark=True)
+    facts = Facts(env=off, context="script", probe={}, launch_env={}, launch_seed=None)
+    titles = {item.id: (item.severity, item.title) for item in evaluate(facts)}
+    assert titles["deterministic-mode"] == (THREAT, "deterministic algorithms off (or warn-only)")
+    assert titles["cudnn-benchmark"] == (THREAT, "cuDNN autotuning on")
+    assert titles["pythonhashseed"] == (THREAT, "PYTHONHASHSEED not fixed at launch")
+    assert titles["rng-seeds"] == (THREAT, "random-number generators not seeded")
+    clean = {item.id: item.title for item in evaluate(Facts(env=base_env, context="script", probe=SEEDED,
+                                                            launch_env={"PYTHONHASHSEED": "0"}))}
+    assert clean["deterministic-mode"] == "deterministic algorithms on"
+    never_a_finding = {"mixed-precision", "hardware"}  # info at most
+    assert [c.id for c in CHECKS if not c.problem] == sorted(never_a_finding, key=[c.id for c in CHECKS].index)
+
+
 def test_seeds(base_env):
     assert judge(base_env)["rng-seeds"] == (THREAT, (
         "no seeding call before the first step (random.seed, numpy.random.seed, torch.manual_seed, "

@@ -209,6 +209,29 @@ def test_diff_with_itself_is_empty(env_doc):
     assert diff.changes == [] and diff.exit_code == 0 and diff.to_json()["verdict"] == "same"
 
 
+def test_diff_environments_takes_environments_documents_and_files(env_doc, tmp_path):
+    env = Environment.from_json(env_doc)
+    path = tmp_path / "env.json"
+    path.write_text(json.dumps(env_doc))
+    for a, b in ((env, env_doc), (env_doc, env), (str(path), env), (env, path)):
+        assert diff_environments(a, b).changes == []
+    with pytest.raises(TypeError, match=r"a is of type int; expected a torchrepro.Environment"):
+        diff_environments(3, env)  # type: ignore[arg-type]
+
+
+def test_reading_tf32_never_fails_after_the_new_api_is_used():
+    """torch >= 2.9 raises on cudnn.allow_tf32 once fp32_precision was set (a 'mix of the legacy and new APIs')."""
+    code = ("import torch, torchrepro\n"
+            "if hasattr(torch.backends.cudnn, 'conv'):\n"
+            "    torch.backends.cudnn.conv.fp32_precision = 'ieee'\n"
+            "    torch.backends.cudnn.rnn.fp32_precision = 'ieee'\n"
+            "p = torchrepro.environment().precision\n"
+            "print(p['cudnn_allow_tf32'], p['cuda_matmul_allow_tf32'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "False"]
+
+
 def test_the_seed_is_one_difference_not_four(env_doc):
     def launched(seed: int) -> dict:
         doc = _with(_with(env_doc, "env.PYTHONHASHSEED", str(seed)), "env.TORCHREPRO_SEED", str(seed))
@@ -251,7 +274,9 @@ def test_env_text_and_output_file(tmp_path, capsys):
         assert any(line.split() == ["cuda.driver", "not", "available"] for line in out.splitlines())
     target = tmp_path / "env.json"
     assert main(["env", "-o", str(target)]) == 0
-    assert capsys.readouterr().err.strip() == f"torchrepro: wrote the environment to {target}"
+    written = capsys.readouterr()
+    assert written.err.strip() == f"torchrepro: wrote the environment to {target}"
+    assert written.out == ""  # as its help says: instead of the table
     assert Environment.from_json(json.loads(target.read_text())).torch == torch.__version__
     assert main(["env", "--include-host", "--json"]) == 0
     assert "hostname" in json.loads(capsys.readouterr().out)["host"]
@@ -380,3 +405,18 @@ def test_env_diff_and_check_print_recorded_values_escaped(tmp_path, capsys, env_
     shorts = [c.short() for c in diff.changes if c.key.startswith("env.")]  # in the verdict notes
     assert sorted(shorts) == [f"CUBLAS_WORKSPACE_CONFIG unset → {EVIL_SHOWN}",
                               "OMP_\\x1b[2JNUM_THREADS unset → 1\\u202e"]
+
+
+def test_a_torch_without_an_sdpa_switch_records_it_as_not_available(monkeypatch):
+    """torch 2.1 has no torch.backends.cuda.cudnn_sdp_enabled (2.2+): reading it failed every fingerprint."""
+    monkeypatch.delattr(torch.backends.cuda, "cudnn_sdp_enabled", raising=False)
+    env = environment()
+    assert env.backends["sdpa_cudnn"] == NOT_AVAILABLE and env.backends["sdpa_math"] is True
+
+
+def test_a_torch_mps_module_without_is_available_is_no_accelerator(monkeypatch):
+    """torch 2.1's torch.mps has no is_available(): reading it failed every fingerprint."""
+    from torchrepro.env import info
+
+    monkeypatch.delattr(torch.mps, "is_available", raising=False)
+    assert info.device_kind() == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -80,10 +80,31 @@ def test_diff_locate_names_the_op_and_the_setting(runs):
             "B differs by: intra-op threads 1 → 2, OMP_NUM_THREADS 1 → 2, seed 1 → 2\n") in p.stdout
     assert "  Fix: Give B the settings of A (intra-op threads 1, OMP_NUM_THREADS 1, seed 1) to get A's bits" in p.stdout
     assert "come from them rather than from nondeterminism.\n" in p.stdout  # no hint to run what is running
+    # one story: across environments deterministic mode does not help, so Next must not suggest it
+    assert "check --deterministic" not in p.stdout
+    assert "\nNext:  See Locate below: it names the operation that computes differently in B's environment" in p.stdout
     loc = json.loads((runs / "d3" / "locate.json").read_text())
     assert loc["verdict"] == "origin" and loc["op"]["op"] == "aten.sum" and loc["op"]["phase"] == "forward"
     assert loc["op"]["in"] == loc["op_other_run"]["in"] and loc["op"]["out"] != loc["op_other_run"]["out"]
     assert loc["op"]["code"] == "return h / h.abs().sum()" and loc["deterministic_kernel"] is None
+
+
+def test_diff_of_two_environments_does_not_suggest_deterministic_mode(runs):
+    p = cli("diff", "run_a", "run_b", "--out", "d7", cwd=runs)
+    assert p.returncode == 1, p.stderr
+    next_line = next(line for line in p.stdout.splitlines() if line.startswith("Next:"))
+    assert next_line == ("Next:  The runs differ in settings that break bitwise equality (intra-op threads 1 → 2, "
+                         "OMP_NUM_THREADS 1 → 2, seed 1 → 2): give both the same settings and record again. "
+                         "`check --deterministic` would not help: it makes one environment repeat itself, not agree "
+                         "with another.")
+
+
+def test_diff_locate_of_identical_runs_has_nothing_to_locate(runs):
+    p = cli("diff", "--locate", "run_a", "run_c", "--out", "d8", cwd=runs)
+    assert p.returncode == 0, p.stderr
+    assert "\nLocate: the runs are identical: nothing to locate" in p.stdout
+    assert "re-run" not in p.stdout and "--locate-steps" not in p.stdout  # diff re-runs nothing, has no such option
+    assert json.loads((runs / "d8" / "locate.json").read_text())["verdict"] == "nothing-to-locate"
 
 
 def test_diff_locate_with_an_injected_torch_version(runs):

@@ -63,24 +63,50 @@ def _records(path) -> dict[str, dict]:
     return {r["test"]: r for r in rows}
 
 
+def test_seeding_is_off_unless_the_project_asks_and_the_header_says_when_it_is_on(pytester, monkeypatch):
+    """Installing torchrepro must not reseed another project's tests (a silent global default)."""
+    pytester.makepyfile(
+        "import torch\n"
+        "from torchrepro.control.seeding import derive_seed\n"
+        "def test_x(request):\n"
+        "    assert torch.initial_seed() != derive_seed(0, 'pytest', request.node.nodeid)\n")
+    monkeypatch.delenv("TORCHREPRO_SEED", raising=False)
+    off = pytester.runpytest("-p", "no:randomly")
+    off.assert_outcomes(passed=1)
+    assert "torchrepro:" not in off.stdout.str()
+    monkeypatch.setenv("TORCHREPRO_SEED", "11")  # a seed in the environment alone does not switch it on
+    assert "torchrepro:" not in pytester.runpytest("-p", "no:randomly").stdout.str()
+    monkeypatch.delenv("TORCHREPRO_SEED")
+    pytester.runpytest("-p", "no:randomly", "--torchrepro-seed", "0").assert_outcomes(failed=1)  # on: reseeded
+
+
 def test_header_names_the_seed_and_where_it_came_from(pytester, monkeypatch):
     pytester.makepyfile("def test_x():\n    pass\n")
     monkeypatch.delenv("TORCHREPRO_SEED", raising=False)
+    pytester.runpytest("--torchrepro-seed", "7").stdout.fnmatch_lines(
+        ["torchrepro: per-test seeding on, seed 7 (--torchrepro-seed); each test is seeded with derive_seed(7, "
+         "'pytest', node id); repeat with --torchrepro-seed 7"])
+    pytester.makeini("[pytest]\ntorchrepro_seed = 0\n")
     pytester.runpytest("-p", "no:randomly").stdout.fnmatch_lines(
-        ["torchrepro: seed 0 (default); each test is seeded with derive_seed(0, 'pytest', node id); repeat with "
-         "--torchrepro-seed 0"])
-    pytester.runpytest("--torchrepro-seed", "7").stdout.fnmatch_lines(["torchrepro: seed 7 (--torchrepro-seed)*"])
+        ["torchrepro: per-test seeding on, seed 0 (ini option torchrepro_seed)*"])
     monkeypatch.setenv("TORCHREPRO_SEED", "11")
-    pytester.runpytest().stdout.fnmatch_lines(["torchrepro: seed 11 (TORCHREPRO_SEED)*"])
+    pytester.runpytest().stdout.fnmatch_lines(["torchrepro: per-test seeding on, seed 11 (TORCHREPRO_SEED)*"])
+    pytester.runpytest("--torchrepro-seed", "7").stdout.fnmatch_lines(["torchrepro: * seed 7 (--torchrepro-seed)*"])
     assert "torchrepro:" not in pytester.runpytest("-p", "no:torchrepro").stdout.str()
     bad = pytester.runpytest("--torchrepro-seed", "-3")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     assert "--torchrepro-seed must be an integer in [0, 4294967295], got -3" in bad.stderr.str()
+    monkeypatch.delenv("TORCHREPRO_SEED")
+    pytester.makeini("[pytest]\ntorchrepro_seed = soon\n")
+    bad = pytester.runpytest()
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "the ini option torchrepro_seed must be an integer in [0, 4294967295], got 'soon'" in bad.stderr.str()
 
 
 def test_each_test_gets_the_same_seed_and_numbers_whatever_the_order(pytester, monkeypatch, tmp_path):
     pytester.makepyfile(test_order=ORDER_TESTS)
     pytester.makeconftest(REVERSE)
+    pytester.makeini("[pytest]\ntorchrepro_seed = 0\n")  # the project opts in
     out = tmp_path / "out.jsonl"
     monkeypatch.setenv("OUT", str(out))
     monkeypatch.delenv("TORCHREPRO_SEED", raising=False)

@@ -97,6 +97,7 @@ def test_a_script_that_never_steps_or_stops_early_is_an_input_error(tmp_path, ca
                                      "cudnn-benchmark, no-tf32"),
     (["--precisions", "fp8", "--builtin", "resnet18"], "unknown precision fp8; known: fp32, bf16"),
     (["--precisions", "fp32"], "--precisions needs --builtin"),
+    (["--device", "cpu"], "--device needs --builtin (your own script sets its device itself)"),
 ])
 def test_bad_options_exit_2_before_running_anything(tmp_path, capsys, args, message):
     out = tmp_path / "out"
@@ -139,3 +140,99 @@ def test_a_script_without_an_optimizer_is_timed_per_backward_call(tmp_path, caps
     t = [e["t"] for e in events if e["kind"] == "backward"]
     assert not any(e["kind"] == "step" for e in events) and len(t) == 3
     assert result["step_ms"] == pytest.approx([(t[1] - t[0]) * 1e3, (t[2] - t[1]) * 1e3])
+
+
+@CPU_ONLY
+def test_cuda_only_variants_run_on_cpu_with_a_note(tmp_path, capsys):
+    """no-tf32 sets PyTorch's new TF32 API in the child; reading the environment afterwards must not crash."""
+    rc, doc = bench(capsys, tmp_path / "out", "--variants", "default,no-tf32,cudnn-benchmark", "--rounds", "1",
+                    "--steps", "1", "--warmup", "1")
+    assert rc == 0, doc
+    assert "no-tf32 has no effect without CUDA" in doc["notes"]
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("args", [["--device", "cuda"], ["--", "--device", "cuda:0"], ["--", "--device=cuda"]])
+def test_builtin_on_a_device_this_machine_lacks_is_refused_before_running(tmp_path, capsys, args):
+    out = tmp_path / "out"
+    rc = main(["bench", "--out", str(out), "--builtin", "resnet18", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and "CUDA is not available here" in err and "best available device (cpu)" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_a_failing_bundled_script_is_not_blamed_on_the_user(tmp_path, capsys):
+    rc, doc = bench(capsys, tmp_path / "out", "--builtin", "resnet18", "--variants", "default", "--rounds", "1",
+                    "--steps", "1", "--warmup", "1", command=["--no-such-option"])
+    assert rc == 2 and "failed with exit code 2" in doc["error"]
+    assert "Fix the script" not in doc["error"]
+    assert "torchrepro's bundled script (`python -m torchrepro.measure.models --model resnet18`), not yours" \
+        in doc["error"]
+
+
+def test_the_bundled_model_refuses_a_missing_device_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    p = subprocess.run([sys.executable, "-m", "torchrepro.measure.models", "--device", "cuda"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("python -m torchrepro.measure.models: error: --device cuda: CUDA is not available")
+
+
+def test_bench_nn_alternatives_refuses_a_missing_device():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nn_alternatives.py"
+    p = subprocess.run([sys.executable, str(script), "--device", "cuda"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "--device cuda: CUDA is not available" in p.stderr
+
+
+@CPU_ONLY
+def test_explain_times_each_setting_apart_and_recommends_only_what_a_check_confirmed(tmp_path, capsys):
+    """The script repeats itself only under deterministic algorithms: leaving them out must fail its check, and
+    the recommendation is deterministic mode without the memory fill, whose own check the test reads back."""
+    out = tmp_path / "out"
+    rc, doc = bench(capsys, out, "--explain", "--steps", "2", "--warmup", "1", "--rounds", "1",
+                    command=["python", str(SCRIPTS / "needs_algorithms.py")])
+    assert rc == 0, doc
+    assert [r["variant"] for r in doc["results"]] == ["default", "deterministic", "deterministic-without-fill-"
+                                                      "uninitialized-memory", "deterministic-without-algorithms"]
+    (part,) = doc["explain"]
+    rows = {s["setting"]: s for s in part["settings"]}
+    for name in ("cudnn-deterministic", "cudnn-benchmark", "cublas-workspace"):
+        assert rows[name]["reason"] == "not applicable on cpu" and rows[name]["overhead"] is None
+    assert rows["inductor"]["reason"] == "not applicable: the script does not call torch.compile"
+    for name in ("algorithms", "fill-uninitialized-memory"):  # timed: a cost and an interval (2 steps: no bounds)
+        lo, hi = rows[name]["overhead_ci"]
+        assert rows[name]["applicable"] and isinstance(rows[name]["overhead"], float) and lo <= hi
+    assert (rows["fill-uninitialized-memory"]["with"], rows["fill-uninitialized-memory"]["without"]) == (
+        "deterministic", "deterministic-without-fill-uninitialized-memory")
+    checks = {tuple(c["left_out"]): c for c in part["checks"]}
+    own = checks[("algorithms", "fill-uninitialized-memory")]  # all applicable left out: the script's own settings
+    assert own["verdict"] == "diverged" and own["detail"].startswith("diverged at step ")
+    kept = checks[("fill-uninitialized-memory",)]
+    assert kept["verdict"] == "identical" and len(kept["runs"]) == 2 and len(checks) == 2
+    for name in kept["runs"]:  # the check really ran deterministic mode without the fill, recorded step by step
+        manifest = json.loads((out / name / "manifest.json").read_text())
+        assert manifest["deterministic"] and manifest["determinism_options"] == {"fill_uninitialized_memory": False}
+        assert (out / name / "stdout.txt").read_text().startswith("fill_uninitialized_memory=False algorithms=True")
+        assert any(e["kind"] == "step" and e["params"] for e in read_trace_lines(out / name)[0])
+    for name in own["runs"]:
+        assert not json.loads((out / name / "manifest.json").read_text())["deterministic"]
+    rec = part["recommended"]
+    assert rec["call"] == "torchrepro.deterministic(fill_uninitialized_memory=False)"
+    assert rec["flags"] == ["--deterministic", "--deterministic-except", "fill-uninitialized-memory"]
+    assert rec["config"] == "deterministic-without-fill-uninitialized-memory"
+    text = (out / "bench.txt").read_text()
+    assert "cudnn-deterministic         cudnn.deterministic = True" in text and "not applicable on cpu" in text
+    assert "deterministic-without-algorithms: " not in text  # named as what it is:
+    assert "the script's own settings: DIVERGED - diverged at step" in text
+    assert "  in Python: torchrepro.deterministic(fill_uninitialized_memory=False)\n" in text
+    assert "  CLI:       torchrepro run --deterministic --deterministic-except fill-uninitialized-memory -- ...\n" \
+        in text
+
+
+def test_explain_chooses_its_own_variants(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["bench", "--out", str(out), "--explain", "--variants", "default", "--", *TINY])
+    assert rc == 2 and "--explain times its own variants" in capsys.readouterr().err and not out.exists()

@@ -33,12 +33,14 @@ def _write(path: Path, records: list) -> Path:
     return path
 
 
-def _recorded_run(run_dir: Path, ops: list[dict]) -> Path:
+def _recorded_run(run_dir: Path, ops: list[dict], x: float = 1.0) -> Path:
+    """A one-step recorded run whose op trace is replaced by OPS; runs with different X diverge at step 1
+    (``diff --locate`` of identical runs has nothing to locate and reads no trace)."""
     torch.manual_seed(0)
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with torchrepro.watch(model, opt, run_dir=run_dir, keep_values=False):
-        model(torch.ones(1, 2)).sum().backward()
+        model(torch.full((1, 2), x)).sum().backward()
         opt.step()
     _write(run_dir / "ops.jsonl", ops)
     return run_dir
@@ -55,7 +57,7 @@ def test_diff_locate_never_reads_the_files_op_records_name(tmp_path):
     crafted = [_rec(0, file=str(fifo), line=1), _rec(1, file="/dev/zero", line=1),
                _rec(2, file=str(secret), line=2, op="aten.index_put_", out=["x"])]
     other = [*crafted[:2], {**crafted[2], "out": ["y"]}]
-    a, b = _recorded_run(tmp_path / "a", crafted), _recorded_run(tmp_path / "b", other)
+    a, b = _recorded_run(tmp_path / "a", crafted), _recorded_run(tmp_path / "b", other, x=2.0)
     p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", "--json", "--out",
                         str(tmp_path / "out"), str(a), str(b)], capture_output=True, text=True, timeout=120)
     assert p.returncode in (0, 1), p.stderr
@@ -119,7 +121,7 @@ def test_an_ops_file_that_is_a_directory_or_a_fifo_is_refused(tmp_path):
 @pytest.mark.parametrize("bad", ['{"line": "x", "op": "aten.add", "in": [], "out": []}', "[" * 3000])
 def test_diff_locate_on_bad_records_exits_2(tmp_path, bad):
     a = _recorded_run(tmp_path / "a", [_rec(0)])
-    b = _recorded_run(tmp_path / "b", [_rec(0), bad, _rec(2)])
+    b = _recorded_run(tmp_path / "b", [_rec(0), bad, _rec(2)], x=2.0)
     p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", "--out", str(tmp_path / "out"),
                         str(a), str(b)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr

@@ -116,3 +116,20 @@ def test_watch_from_code_and_diff(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 0 and doc["cause"] == "initial-weights"
     assert torch.autograd.backward.__name__ == "backward" and not hasattr(torch.autograd.backward, "__wrapped__")
+
+
+def test_values_are_memory_mapped_from_a_file_name(tmp_path, monkeypatch):
+    """torch 2.1's torch.load memory-maps only a file given by name (a Path was ValueError: every diff failed)."""
+    from torchrepro.record import store
+
+    path = tmp_path / "init.pt"
+    torch.save({"w": torch.arange(3.0)}, path)
+    real_load = torch.load
+
+    def load_as_torch_2_1(f, *args, mmap=None, **kwargs):
+        if mmap and not isinstance(f, str):
+            raise ValueError("f must be a string filename in order to use mmap argument")
+        return real_load(f, *args, mmap=mmap, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load_as_torch_2_1)
+    assert torch.equal(store.load_values(path, mmap=True)["w"], torch.arange(3.0))

@@ -108,3 +108,24 @@ def step_hangs(state: dict) -> torch.Tensor:
         f.write(str(os.getpid()))
     time.sleep(600)
     return torch.zeros(())
+
+
+def step_iter(state: dict) -> torch.Tensor:
+    """A newcomer's step: a fresh iter() per step, which ends with the epoch (8 batches of 8 of 64 points)."""
+    x, y = next(iter(state["loader"]))
+    state["optimizer"].zero_grad()
+    loss = nn.functional.cross_entropy(state["model"](x), y)
+    loss.backward()
+    state["optimizer"].step()
+    return loss
+
+
+def build_with_iterator() -> dict:
+    state = build()
+    state["batches"] = iter(state["loader"])
+    return state
+
+
+def build_not_a_dict():
+    model = nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,7 +1,8 @@
 """A tiny DDP training script (gloo on CPU) for torchrepro's distributed tests.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/scripts/ddp_train.py [--steps N]
-        [--perturb-rank R --perturb-step K]   rank R nudges fc1.weight just before optimizer step K
+        [--perturb-rank R --perturb-step K]   rank R nudges fc1.weight just before optimizer step K (or
+                                              DDP_TRAIN_PERTURB=R:K in the environment)
         [--exit-rank R --exit-step K]         rank R exits (code 3) after optimizer step K, before its check
         [--exit-code C]                       ... with exit code C instead (0: a rank that stops early)
         [--check-every N]                     torchrepro.distributed.ranks.check_consistency every N steps
@@ -43,8 +44,10 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--perturb-rank", type=int, default=-1)
-    p.add_argument("--perturb-step", type=int, default=-1)
+    # also from DDP_TRAIN_PERTURB=R:K, so that a perturbed run has the same command as an unperturbed one
+    perturb = [int(v) for v in os.environ.get("DDP_TRAIN_PERTURB", "-1:-1").split(":")]
+    p.add_argument("--perturb-rank", type=int, default=perturb[0])
+    p.add_argument("--perturb-step", type=int, default=perturb[1])
     p.add_argument("--exit-rank", type=int, default=-1)
     p.add_argument("--exit-step", type=int, default=-1)
     p.add_argument("--exit-code", type=int, default=3)
@@ -86,12 +89,15 @@ def main() -> int:
             sys.exit(args.exit_code)
         if args.check_every and step % args.check_every == 0:
             report = check_consistency(ddp, opt, step=step, timeout=args.timeout)
-            print(report.summary(), flush=True)
+            sys.stdout.write(report.summary() + "\n")  # one write: the ranks share stdout (see the masks line)
+            sys.stdout.flush()
         if args.save and step == args.save_at:
             os.makedirs(args.save, exist_ok=True)
             torchrepro.save_checkpoint(os.path.join(args.save, f"rank{rank}.pt"), model=model, optimizer=opt,
                                        loader=loader, step=step)
-    print("masks " + json.dumps(masks), flush=True)
+    # one write per line: the ranks share stdout, and print() writes the newline apart when it is unbuffered
+    sys.stdout.write("masks " + json.dumps(masks) + "\n")
+    sys.stdout.flush()
     if args.out:
         final = {name: torchrepro.fingerprint(t) for name, t in model.state_dict().items()}
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

@@ -51,6 +51,13 @@ class CheckpointError(StateFileError):
     """A checkpoint that is corrupt, foreign, or lacks a component the caller asked for."""
 
 
+class InternalError(ReproError):
+    """torchrepro's own code failed in a process it launched (a bug in torchrepro, not in the user's script).
+
+    The command exits 3; the message names the exception and where its traceback is.
+    """
+
+
 class ReproWarning(UserWarning):
     """A setting that undermines reproducibility but does not stop the run."""
 

@@ -1,4 +1,4 @@
-"""Atomic file writes (layer L0): a crash mid-write never leaves a half-written file at the target path.
+"""Atomic file writes: a crash mid-write never leaves a half-written file at the target path.
 
 Only regular files are replaced. A symlink stays a symlink (the file it points to is replaced, in that file's
 directory); a FIFO, a character device (``/dev/null``) or a ``/dev/stdout``-style descriptor link is written

@@ -1,4 +1,4 @@
-"""The process environment as it was when torchrepro was first imported (layer L0), before seeding changed it."""
+"""The process environment as it was when torchrepro was first imported, before seeding changed it."""
 
 from __future__ import annotations
 

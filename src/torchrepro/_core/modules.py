@@ -1,4 +1,4 @@
-"""Finding the models of a running script and naming their parameters and submodules (layer L2)."""
+"""Finding the models of a running script and naming their parameters and submodules."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run Python work on torch's own OpenMP threads (layer L0): what lets CPU fingerprints use every core.
+"""Run Python work on torch's own OpenMP threads: what lets CPU fingerprints use every core.
 
 After each parallel torch op, torch's OpenMP worker threads spin for a while waiting for the next one. A
 Python thread started to hash the other half of a tensor then competes with a spinning worker for the same

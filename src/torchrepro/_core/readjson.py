@@ -1,4 +1,4 @@
-"""Reading JSON and JSON Lines that torchrepro did not just write (layer L0): run directories, env files, locks.
+"""Reading JSON and JSON Lines that torchrepro did not just write: run directories, env files, locks.
 
 Every such file is untrusted input. :func:`read_json` and :func:`read_jsonl` read regular files only (never a
 directory, FIFO or device: a FIFO would hang, ``/dev/zero`` would never end), at most ``limit`` bytes, strict

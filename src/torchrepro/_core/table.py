@@ -1,4 +1,4 @@
-"""Text tables for summaries (layer L0): rich's box drawing when rich is installed, plain columns otherwise."""
+"""Text tables for summaries: rich's box drawing when rich is installed, plain columns otherwise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Comparing recorded runs: identical, or where, what and why they diverge (layer L3).
+"""Comparing recorded runs: identical, or where, what and why they diverge.
 
 Example:
     >>> from torchrepro.analysis.compare import compare_runs          # doctest: +SKIP
@@ -117,6 +117,9 @@ class CheckResult:
     value_delta_text: str | None = None  # "parameters identical so far; gradients differ by up to ..."
     compiled: dict[str, Any] | None = None  # torch.compile'd regions and whether the divergence lies in them
     working_directory: dict[str, Any] | None = None  # check's watch on its cwd (see note_shared_workdir)
+    next_action: str | None = None  # replaces the cause's next action (diff of runs from two environments)
+    # per run: None, or how check stopped it after the divergence ({"after_step", "first_divergent_step", ...})
+    stopped: list[dict[str, Any] | None] = field(default_factory=list)
 
     @property
     def explanation(self) -> str | None:
@@ -124,6 +127,8 @@ class CheckResult:
 
     @property
     def action(self) -> str | None:
+        if self.next_action:
+            return self.next_action
         return CAUSES[self.cause][1] if self.cause else None
 
     def to_json(self) -> dict[str, Any]:
@@ -153,6 +158,7 @@ class CheckResult:
             "value_delta_text": self.value_delta_text,
             "compiled": self.compiled,
             "working_directory": self.working_directory,
+            "stopped": self.stopped,
         }
 
 
@@ -255,10 +261,12 @@ def fingerprint_algorithm(run: Run) -> str | None:
     return str(value) if value else None  # null: nothing fingerprinted, or the script died before saying
 
 
-def check_comparable(runs: list[Run]) -> None:
+def check_comparable(runs: list[Run], *, one_command: bool = True) -> None:
     """Raise :class:`RunsNotComparableError` when runs ran different commands or built different models.
 
     Parameter names come from the trace; shapes and dtypes from saved values (when both runs have them).
+    ``one_command=False`` (``torchrepro compare``: two different commands on purpose) accepts other commands
+    and other dtypes (fp32 vs bf16), and still refuses other parameter names and shapes.
     """
     problems: list[str] = []
     same_command = True
@@ -271,7 +279,7 @@ def check_comparable(runs: list[Run]) -> None:
             problems.append(f"they fingerprinted tensors with different algorithms: run 1 with {fa}, run {i} with "
                             f"{fb}; equal values get different fingerprints, so no step can be compared")
         ca, cb = base.manifest.get("command"), other.manifest.get("command")
-        if isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
+        if one_command and isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
             same_command = False
             problems.append(f"they ran different commands: run 1 ran `{' '.join(map(str, ca))}`, run {i} ran "
                             f"`{' '.join(map(str, cb))}` ({_command_changes(command_key(ca), command_key(cb), i)})")
@@ -283,6 +291,8 @@ def check_comparable(runs: list[Run]) -> None:
             if only_b:
                 problems.append(f"run {i}'s model has {len(only_b)} parameter(s) that run 1's lacks: {_some(only_b)}")
         sa, sb = _param_specs(base), _param_specs(other)
+        if sa is not None and sb is not None and not one_command:  # shapes only: "[3, 4] float32" -> "[3, 4]"
+            sa, sb = ({k: v.rsplit(" ", 1)[0] for k, v in s.items()} for s in (sa, sb))
         if sa is not None and sb is not None:
             changed = [f"{n}: {sa[n]} in run 1, {sb[n]} in run {i}" for n in sa if n in sb and sa[n] != sb[n]]
             if changed:
@@ -293,6 +303,9 @@ def check_comparable(runs: list[Run]) -> None:
     if not same_algorithm:
         action = ("Compare runs recorded by the same torchrepro version with the model on the same kind of device "
                   "(CPU tensors are hashed with XXH3, tensors on other devices on the device itself).")
+    elif not one_command:
+        action = ("torchrepro compare compares the steps of two commands that train the same parameters (the same "
+                  "names and shapes; torch.compile's _orig_mod. is ignored): make both build the same model.")
     elif same_command:
         action = ("The same command built models with different parameters: the model's structure depends on "
                   "something that changes between runs (unseeded randomness, the environment, files it reads). "
@@ -320,8 +333,17 @@ def _step_fields(step: dict[str, Any], mode: str) -> dict[str, Any]:
             "params": step.get("params"), "state": step.get("state")}
 
 
+def stop_of(run: Run) -> dict[str, Any] | None:
+    """How ``check`` stopped ``run`` after a divergence (manifest ``stopped``), or None: it ran to its end."""
+    stop = run.manifest.get("stopped")
+    return stop if isinstance(stop, dict) else None
+
+
 def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
-    """Every kind's first difference between two runs (at most one per kind)."""
+    """Every kind's first difference between two runs (at most one per kind).
+
+    A run that ``check`` stopped after a divergence is compared up to its last step: its final parameters and
+    its number of steps (fewer than the other's) are not differences."""
     found: dict[str, Difference] = {}
     init_a, init_b = a.of_kind("init"), b.of_kind("init")
     if init_a and init_b:
@@ -343,11 +365,11 @@ def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
     n = min(len(sa), len(sb))
     if "params" not in found:
         fa, fb = a.of_kind("final"), b.of_kind("final")
-        if fa and fb and len(sa) == len(sb):
+        if fa and fb and len(sa) == len(sb) and not (stop_of(a) or stop_of(b)):
             names = _diff_maps(fa[0].get("params"), fb[0].get("params"))
             if names:
                 found["params"] = Difference("params", max(n, 1), names, (ia, ib))
-    if len(sa) != len(sb):
+    if len(sa) != len(sb) and not stop_of(a if len(sa) < len(sb) else b):
         counts = [f"run {ia + 1}: {len(sa)} steps", f"run {ib + 1}: {len(sb)} steps"]
         found["steps"] = Difference("steps", n + 1, counts, (ia, ib))
     return sorted(found.values(), key=lambda d: (d.step, KINDS.index(d.kind)))
@@ -404,10 +426,12 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
-    """Float bits mapped onto a monotonic integer line (as float64, exact up to 2**53)."""
+    """Float bits mapped onto a monotonic integer line: int64 for 32 bits and fewer (differences exact), float64 for
+    float64 (whose line spans about 2**64: exact up to 2**53, no overflow)."""
     ix = x.contiguous().view(_INT_VIEW[x.dtype]).long()
     top = (1 << (torch.iinfo(_INT_VIEW[x.dtype]).bits - 1)) - 1
-    return torch.where(ix < 0, -(ix & top), ix).double()
+    ordered = torch.where(ix < 0, -(ix & top), ix)
+    return ordered.double() if x.dtype == torch.float64 else ordered
 
 
 @dataclass
@@ -441,15 +465,20 @@ def tensor_delta(a: torch.Tensor, b: torch.Tensor) -> TensorDelta | None:
     if not a.is_floating_point():
         return TensorDelta(False)
     a, b = a.detach(), b.detach()
-    na, nb = torch.isnan(a), torch.isnan(b)
     finite = torch.isfinite(a) & torch.isfinite(b)
-    inf = ~(na | nb) & ~finite & (a != b)
-    delta = TensorDelta(False, nan_only=(int((na & ~nb).sum()), int((nb & ~na).sum())), inf=int(inf.sum()))
-    if bool(finite.any()):
+    delta = TensorDelta(False)
+    if bool(finite.all()):  # the usual case: no masks, no copies of the finite positions
+        fa, fb = a, b
+    else:
+        na, nb = torch.isnan(a), torch.isnan(b)
+        inf = ~(na | nb) & ~finite & (a != b)
+        delta.nan_only, delta.inf = (int((na & ~nb).sum()), int((nb & ~na).sum())), int(inf.sum())
+        if not bool(finite.any()):
+            return delta
         fa, fb = a[finite], b[finite]
-        delta.max_abs = min(float((fa.double() - fb.double()).abs().max()), sys.float_info.max)
-        if a.dtype in _INT_VIEW:
-            delta.max_ulp = int((_ordered(fa) - _ordered(fb)).abs().max().item())
+    delta.max_abs = min(float((fa.double() - fb.double()).abs().max()), sys.float_info.max)
+    if a.dtype in _INT_VIEW:
+        delta.max_ulp = int((_ordered(fa) - _ordered(fb)).abs().max())
     return delta
 
 
@@ -522,14 +551,16 @@ def _unreadable_notes(runs: list[Run]) -> list[str]:
     return notes
 
 
-def compare_runs(runs: list[Run]) -> CheckResult:
-    """Compare every run with the first one; the earliest divergence over all pairs is reported."""
+def compare_runs(runs: list[Run], *, one_command: bool = True) -> CheckResult:
+    """Compare every run with the first one; the earliest divergence over all pairs is reported.
+
+    ``one_command=False``: the runs ran different commands on purpose (see :func:`check_comparable`)."""
     if len(runs) < 2:
         raise ValueError("compare_runs needs at least two runs")
-    check_comparable(runs)
+    check_comparable(runs, one_command=one_command)
     mode = runs[0].step_mode
     result = CheckResult(verdict="identical", runs=[str(r.path) for r in runs], step_mode=mode,
-                         steps=[len(r.steps()) for r in runs])
+                         steps=[len(r.steps()) for r in runs], stopped=[stop_of(r) for r in runs])
     diffs: list[Difference] = []
     for i, other in enumerate(runs[1:], start=1):
         if other.step_mode != mode:
@@ -691,13 +722,16 @@ def _growth(runs: list[Run], result: CheckResult) -> None:
         if found and not nonfinite_step_seen:
             result.nonfinite += found
             nonfinite_step_seen = True
-    fa = base.values("final")
+    fa = base.values("final") if not stop_of(base) else None
+    if fa is None and not stop_of(base):
+        result.notes.append("Parameter values were not saved, so max |Δ weight| is unknown (record them with "
+                            "`torchrepro run --keep-values`; `check` always keeps them).")
+        return
     if fa is None:
-        result.notes.append("Parameter values were not saved, so max |Δ weight| is unknown (record with values).")
         return
     for i, other in enumerate(runs[1:], start=2):
-        fb = other.values("final")
-        if fb is None:
+        fb = other.values("final") if not stop_of(other) else None
+        if fb is None:  # not saved, or the run was stopped: its final parameters are those of an earlier step
             continue
         deltas = _deltas(fa, fb)
         m, where = _worst(deltas, "max_abs")
@@ -707,3 +741,44 @@ def _growth(runs: list[Run], result: CheckResult) -> None:
         if result.max_ulp is None or u > result.max_ulp:
             result.max_ulp, result.max_ulp_tensor = int(u), uwhere
         result.nonfinite += _nonfinite(deltas, None, i)
+
+
+# --- the tensors of the first divergent step, one row each (the HTML report's per-tensor table) -------------
+_SNAPSHOT = {"init": lambda step, mode: "init", "params": lambda step, mode: _values_name(step, mode),
+             "grads": lambda step, mode: f"grads_{step:06d}", "state": lambda step, mode: f"state_{step:06d}"}
+
+
+def first_step_tensors(runs: list[Run], result: CheckResult) -> list[dict[str, Any]]:
+    """One row per tensor that differs where its kind first differs: ``{"tensor", "kind", "label", "step",
+    "elements_differing", "elements", "max_abs_delta", "max_ulp"}``, run 1 against the run that differs most; the
+    numbers are None where no value snapshot of that step was kept (the fingerprints still say it differs).
+
+    Batches, losses and step counts have no per-tensor values: they stay in ``result.first``.
+    """
+    rows: list[dict[str, Any]] = []
+    for diff in result.first:
+        name_of = _SNAPSHOT.get(diff.kind)
+        if name_of is None:
+            continue
+        snapshot = name_of(diff.step, result.step_mode)
+        va = runs[0].values(snapshot)
+        if va is None and diff.kind == "params" and diff.step >= min(result.steps, default=0):
+            snapshot, va = "final", runs[0].values("final")  # parameters that differ only at the end
+        others = [o.values(snapshot) for o in runs[1:]] if va is not None else []
+        for tensor in diff.names:
+            row: dict[str, Any] = {"tensor": tensor, "kind": diff.kind, "label": diff.label, "step": diff.step,
+                                   "elements_differing": None, "elements": None, "max_abs_delta": None,
+                                   "max_ulp": None}
+            a = va.get(tensor) if va is not None else None
+            for vb in others:
+                b = vb.get(tensor) if vb is not None else None
+                if a is None or b is None:
+                    continue
+                d = tensor_delta(a, b)
+                if d is None or d.equal:
+                    continue
+                if row["max_abs_delta"] is None or d.max_abs > row["max_abs_delta"]:
+                    row.update(max_abs_delta=d.max_abs, max_ulp=d.max_ulp, elements=a.numel(),
+                               elements_differing=_differing_elements(a, b))
+            rows.append(row)
+    return rows

@@ -1,4 +1,4 @@
-"""Finding the nondeterministic kernel inside ``torch.compile``'d code (layer L3).
+"""Finding the nondeterministic kernel inside ``torch.compile``'d code.
 
 The eager op tracer (:mod:`torchrepro.record.optrace`) sees the ATen ops that run eagerly, not the kernels inductor
 generates, so it cannot look into compiled regions. Instead, two re-runs capture the graphs inductor compiled and
@@ -114,9 +114,10 @@ def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
 def _bisected(finding: GraphFinding, pooled: list[dict[str, Any]], nodes: list[dict[str, Any]],
               eager: list[dict[str, Any]]) -> GraphFinding:
     """The node a bisection over prefixes of the graph found (when the instrumented compile isolated none)."""
-    bisected = next((g["bisect"] for g in pooled if g.get("bisect")), None)
+    bisected: dict[str, Any] | None = next((g["bisect"] for g in pooled if g.get("bisect")), None)
     node = next((n for n in nodes if bisected and n["name"] == bisected["node"]), None)
     if node is not None:
+        assert bisected is not None  # a node was found in it
         finding.origin, finding.method, finding.compiles = node, "bisection", int(bisected.get("compiles", 0))
         finding.origin_variants = finding.program_variants
         if eager and node["name"] in eager[0]:
@@ -246,7 +247,7 @@ class CompiledLocateResult:
 def locate_compiled(docs: list[dict[str, Any]], *, step: int | None = None,
                     device: str = "cpu") -> CompiledLocateResult:
     """Compare the ``compiled_graphs.json`` documents of the re-runs and name the origin (module docstring)."""
-    regions = next((d.get("regions") for d in docs if d.get("regions")), []) or []
+    regions: list[dict[str, Any]] = next((d.get("regions") for d in docs if d.get("regions")), []) or []  # type: ignore[misc]
     result = CompiledLocateResult("compiled-not-captured", step, regions, repeats=int(docs[0].get("repeats", 0))
                                   if docs else 0, processes=len(docs), device=device,
                                   deterministic=any(d.get("deterministic") for d in docs))

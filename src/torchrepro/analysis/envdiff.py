@@ -1,4 +1,4 @@
-"""Risk-ranked differences between two environments (layer L3).
+"""Risk-ranked differences between two environments.
 
 Every difference between two :mod:`~torchrepro.env.info` fingerprints (and, for recorded runs, their launch
 options: seed, deterministic mode, hash seed) gets one of three ranks from :data:`RANK_TABLE`, a list of
@@ -287,12 +287,22 @@ def _implied(key: str, fa: dict[str, Any], fb: dict[str, Any]) -> bool:
     return False
 
 
-def diff_environments(a: dict[str, Any], b: dict[str, Any], *, label_a: str = "A",
-                      label_b: str = "B") -> EnvDiff:
-    """Rank every difference between two environment documents (``Environment.to_json()`` plus ``launch``).
+EnvironmentLike = Environment | dict[str, Any] | str | Path
 
-    Launch options are compared only when both documents have them (two recorded runs).
+
+def diff_environments(a: EnvironmentLike, b: EnvironmentLike, *, label_a: str = "A",
+                      label_b: str = "B") -> EnvDiff:
+    """Rank every difference between two environments.
+
+    Each of ``a`` and ``b`` is an :class:`~torchrepro.Environment` (``torchrepro.environment()``), its JSON
+    document (``Environment.to_json()``, plus ``launch`` for a recorded run), or the path of an env file or run
+    directory (read as ``torchrepro env diff`` reads it). Launch options are compared only when both have them
+    (two recorded runs).
+
+    >>> diff = diff_environments(torchrepro.environment(), "machine-b.json")   # doctest: +SKIP
+    >>> diff.breaks_bitwise, diff.summary()                                     # doctest: +SKIP
     """
+    a, b = _document(a, "a"), _document(b, "b")
     if "launch" not in a or "launch" not in b:
         a, b = {k: v for k, v in a.items() if k != "launch"}, {k: v for k, v in b.items() if k != "launch"}
     fa = {k: v for k, v in flatten(a).items() if k.split(".")[0] not in _NOT_COMPARED}
@@ -306,6 +316,18 @@ def diff_environments(a: dict[str, Any], b: dict[str, Any], *, label_a: str = "A
             changes.append(EnvChange(key, va, vb, rule.rank, rule.reason))
     changes.sort(key=_order)
     return EnvDiff(label_a, label_b, changes)
+
+
+def _document(env: Any, name: str) -> dict[str, Any]:
+    """The JSON document of an Environment, a document, or a path (:func:`load_environment`)."""
+    if isinstance(env, Environment):
+        return env.to_json()
+    if isinstance(env, dict):
+        return env
+    if isinstance(env, (str, Path)):
+        return load_environment(env)
+    raise TypeError(f"diff_environments: {name} is of type {type(env).__name__}; expected a torchrepro.Environment "
+                    "(torchrepro.environment()), its to_json() document, or the path of an env file or run directory.")
 
 
 # --- reading environments from files and run directories ----------------------------------------------
@@ -385,7 +407,7 @@ def locate_between(run_a: Run, run_b: Run, diff: EnvDiff | None, *, first_step: 
                               "Record both runs with `torchrepro run --record DIR --trace-steps N -- ...` (the same "
                               "N for both; N = the first divergent step), then run `torchrepro diff --locate` again.")
         ops.append(list(read_ops(run.path / OPS)))
-    steps = [sorted({op.get("step") for op in stream if op.get("step") is not None}) for stream in ops]
+    steps = [sorted({op.get("step") for op in stream if op.get("step") is not None}) for stream in ops]  # type: ignore[type-var]
     if steps[0] != steps[1]:
         raise TracesNotComparableError(f"the op traces hold different steps: {run_a.path} traced {steps[0]}, "
                                        f"{run_b.path} traced {steps[1]}. Record both with the same "
@@ -407,6 +429,12 @@ def locate_between(run_a: Run, run_b: Run, diff: EnvDiff | None, *, first_step: 
         doc["fix"] = (f"Give B the settings of A ({settings}) to get A's bits, or accept the "
                       "difference: these environments are not expected to agree bit for bit. Deterministic mode "
                       "does not help here: it makes each environment repeat itself, not agree with the other.")
+    if loc.verdict == "not-reproduced" and any(loc.ops_traced):
+        doc["title"] = "every traced op agrees in the two recorded runs"
+        doc["fix"] = ("The difference arises outside the traced ops: in a step that was not traced (record both runs "
+                      "with `torchrepro run --record DIR --trace-steps N`, N = the first divergent step), in code "
+                      "compiled with torch.compile (its kernels are not traced), or in data that does not come from "
+                      "a torch op.")
     if first_step is not None and steps[0] and first_step not in steps[0]:
         doc["note"] = (f"the runs first diverge at step {first_step}, but the traces hold step(s) "
                        f"{', '.join(map(str, steps[0]))}; record with `--trace-steps {first_step}` to look at the "

@@ -1,4 +1,4 @@
-"""Finding the first nondeterministic operation in two traced runs (layer L3).
+"""Finding the first nondeterministic operation in two traced runs.
 
 Given the op streams of two runs of the same step (see :mod:`torchrepro.record.optrace`), the **origin** is the first
 op whose input fingerprints are equal in both runs while its outputs differ. Ops are paired by identity (step,
@@ -211,6 +211,7 @@ def align(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]]) -> list[Row]
     Rows are in run A's order, with run B's unpaired ops placed just before B's next paired op."""
     seen: dict[tuple, int] = {}
     where_b: dict[tuple, int] = {}
+    j: int | None
     for j, b in enumerate(ops_b):
         key = op_identity(b)
         k = seen.get(key, 0)
@@ -271,8 +272,8 @@ def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, devi
     can explain the first difference: an unpaired op produced a differing input, or an unpaired in-place op
     or random draw came before it. Otherwise (a logging ``.item()`` in one run) they do not hide the origin.
     """
-    traced = sorted({op.get("step") for op in ops_a + ops_b if op.get("step") is not None})
-    base = {"ops_traced": (len(ops_a), len(ops_b)), "traced_steps": traced, "device": device}
+    traced = sorted({op.get("step") for op in ops_a + ops_b if op.get("step") is not None})  # type: ignore[type-var]
+    base: dict[str, Any] = {"ops_traced": (len(ops_a), len(ops_b)), "traced_steps": traced, "device": device}
     rows = align(ops_a, ops_b)
 
     def result(verdict: str, r: int, a: dict | None, b: dict | None) -> LocateResult:

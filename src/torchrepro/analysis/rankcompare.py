@@ -1,4 +1,4 @@
-"""Runs of several ranks (torchrun): divergence between runs per rank, desynchronisation between ranks (layer L3).
+"""Runs of several ranks (torchrun): divergence between runs per rank, desynchronisation between ranks.
 
 A run recorded with ``--nproc-per-node P`` holds one run directory per rank (``RUN/rank0`` ...). Two questions:
 

@@ -1,4 +1,4 @@
-"""Plots of a comparison (layer L4). matplotlib is optional: without it, no plot is written."""
+"""Plots of a comparison. matplotlib is optional: without it, no plot is written."""
 
 from __future__ import annotations
 

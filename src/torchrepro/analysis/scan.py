@@ -1,4 +1,4 @@
-"""Scan one training step for ops that are nondeterministic on a target device (layer L3).
+"""Scan one training step for ops that are nondeterministic on a target device.
 
 A light ``TorchDispatchMode`` sees every ATen op of one step and asks the registry of nondeterministic ops
 (:mod:`torchrepro.control.registry`) about it *for the target device*, so a scan that runs on CPU lists what would be
@@ -237,10 +237,11 @@ def _code_line(path: str | None, line: int | None, cache: dict[str, list[str]]) 
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, scanner: Scanner) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.scanner = scanner
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if self.scanner.recording:  # before running it: under the user's own deterministic mode it may raise
             self.scanner.see(func, args, kwargs)
@@ -254,7 +255,8 @@ class _Function(TorchFunctionMode):
         super().__init__()
         self.scanner = scanner
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if self.scanner.recording and torch.is_grad_enabled():
             self.scanner.label(out)
@@ -278,7 +280,8 @@ class Scanner:
         self.ops_seen = 0
         self.recording = False
         self._match = match
-        self._found: dict[tuple, list[Any]] = {}  # (op, phase, module, file, line, when) -> [count, entry, devices]
+        # (op, phase, module, file, line, when) -> [count, entry, devices]
+        self._found: dict[tuple[Any, ...], list[Any]] = {}
         self._errors: dict[str, str] = {}
         self._names: dict[int, str] = {}
         self._lookups_left = 8  # modules created in forward (nn.ReLU()(x)) must not cost a gc scan each
@@ -305,14 +308,14 @@ class Scanner:
         node = torch._C._current_autograd_node()
         if node is not None:
             try:
-                file, line, module = node.metadata.get(_NODE_KEY, (None, None, ""))
+                file, line, module = node.metadata.get(_NODE_KEY, (None, None, ""))  # type: ignore[attr-defined]
             except AttributeError:
                 file, line, module = None, None, ""
             return "backward", module, file, line
         site = _user_frame(3)
         return "forward", self._context.path, site[0] if site else None, site[1] if site else None
 
-    def see(self, func: Any, args: tuple, kwargs: dict) -> None:
+    def see(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         name = _OP_NAMES.get(func)
         if name is None:
             name = _OP_NAMES[func] = str(func.overloadpacket)
@@ -343,7 +346,7 @@ class Scanner:
             if node is None or type(node).__name__ == "AccumulateGrad":
                 continue
             try:
-                meta = node.metadata
+                meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict (torch's stub: a method)
             except AttributeError:
                 continue
             if _NODE_KEY in meta:
@@ -361,6 +364,7 @@ class Scanner:
             self.recording = True
             return self
         self._context.install()
+        mode: Any
         for mode in (_Function(self), _Dispatch(self)):
             try:
                 mode.__enter__()
@@ -457,9 +461,17 @@ def scan(model: nn.Module, example_inputs: Any, optimizer: torch.optim.Optimizer
     Without ``loss_fn`` the loss is the sum of every output tensor that requires grad. With ``restore`` (the
     default) parameters, buffers, gradients, optimizer state and every RNG are put back afterwards.
 
-    >>> report = torchrepro.scan(model, (x,), opt, device="cuda")  # doctest: +SKIP
-    >>> report.clean, [f.op for f in report.findings]  # doctest: +SKIP
-    (False, ['aten.index_add_'])
+    >>> import torch, torchrepro
+    >>> class Pool(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.zeros(2, 4).index_add_(0, torch.tensor([0, 1, 0]), x)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), Pool())
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> report = torchrepro.scan(model, (torch.ones(3, 4),), opt, device="cuda")   # runs on CPU, checks for CUDA
+    >>> report.clean, [(f.op, f.module) for f in report.findings]
+    (False, [('aten.index_add_', '1')])
+    >>> torchrepro.scan(model, (torch.ones(3, 4),), opt, device="cpu").clean
+    True
     """
     scanner = Scanner(device, models={"": model})
     keep = _Restore(model, optimizer) if restore else None
@@ -536,7 +548,7 @@ class _StepStopper:
             if stopper.optimizer_steps >= stopper.steps:
                 stopper._stop()
 
-        torch.autograd.backward = backward  # type: ignore[assignment]
+        torch.autograd.backward = backward
         self._handle = register_optimizer_step_post_hook(step_hook)
         return self
 

@@ -1,4 +1,4 @@
-"""The ``torchrepro`` command line (layer L4): one module per subcommand.
+"""The ``torchrepro`` command line (layer L6, see docs/architecture.md): one module per subcommand.
 
 Exit codes: 0 clean/identical, 1 divergence or findings, 2 usage or input error, 3 internal error.
 """
@@ -15,14 +15,16 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from .._core.errors import Interrupted, ReproError
+from .._core.errors import InternalError, Interrupted, ReproError
 from .._version import __version__
 
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: the commands in LIGHT run without importing torch (fast enough for pre-commit hooks).
 COMMANDS = ["run_cmd", "check_cmd", "diff_cmd", "env_cmd", "audit_cmd", "lint_cmd", "rule_cmd", "bench_cmd",
-            "variance_cmd", "scan_cmd"]
+            "variance_cmd", "scan_cmd", "compare_cmd", "bisect_cmd"]
 LIGHT = {"lint": "lint_cmd", "rule": "rule_cmd"}
+# Options that give a command's JSON another schema, errors included: (command, option) -> schema
+OPTION_SCHEMAS = {("check", "--resume-at"): "torchrepro.check-resume/1"}
 
 
 class UsageError(ReproError):
@@ -49,14 +51,30 @@ def build_parser(only: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _wants_json(argv: list[str]) -> bool:
-    """Whether ``--json`` was given to torchrepro (not to the user's script), for errors found before parsing."""
+def _own_words(argv: list[str]) -> list[str]:
+    """The words after the subcommand up to the user's command (``--``, a ``.py`` script, ``python...``,
+    ``torchrun``): torchrepro's own options and their values."""
+    words = []
     for word in argv[1:]:
-        if word == "--json":
-            return True
-        if word == "--" or not word.startswith("-"):
-            return False
-    return False
+        if word == "--" or word.endswith(".py") or os.path.basename(word).startswith(("python", "torchrun")):
+            break  # the user's command: its options are the script's
+        words.append(word)
+    return words
+
+
+def _wants_json(argv: list[str]) -> bool:
+    """Whether ``--json`` was given to torchrepro (not to the user's script), for errors found before parsing
+    (``check --resume-at 0 --json -- ...`` too: an option's value does not end the search)."""
+    return "--json" in _own_words(argv)
+
+
+def _option_schema(argv: list[str], command: str | None) -> dict[str, str]:
+    """``{"schema": ...}`` when one of torchrepro's own options (before the script) changes the JSON's schema."""
+    for word in _own_words(argv):
+        schema = OPTION_SCHEMAS.get((command or "", word.split("=", 1)[0]))
+        if schema is not None:
+            return {"schema": schema}
+    return {}
 
 
 def error_document(command: str | None, message: str, exit_code: int, **extra: object) -> dict[str, object]:
@@ -72,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``torchrepro check python train.py --runs 3`` passes ``--runs 3`` to train.py); ``--`` may separate them.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    _argv[:] = argv
     first = next((word for word in argv if not word.startswith("-")), None)
     # Only the named subcommand's module is imported (the others may import torch); --help and typos get all.
     parser = build_parser([f"{first}_cmd"] if first is not None and f"{first}_cmd" in COMMANDS else None)
@@ -96,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(command, as_json, "", str(exc), 2)
     except Interrupted as exc:
         return _fail(command, as_json, "torchrepro: ", str(exc), 128 + exc.signum)
+    except InternalError as exc:
+        return _fail(command, as_json, "torchrepro: internal error: ", str(exc), 3,
+                     stderr=getattr(exc, "stderr_path", None))
     except ReproError as exc:
         return _fail(command, as_json, "torchrepro: error: ", str(exc), 2, stderr=getattr(exc, "stderr_path", None))
     except KeyboardInterrupt:
@@ -113,8 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(command: str | None, as_json: bool, prefix: str, message: str, exit_code: int, **extra: object) -> int:
     print(prefix + message, file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps(error_document(command, message, exit_code, **extra), indent=2), flush=True)
+        doc = error_document(command, message, exit_code, **extra) | _option_schema(_argv, command)
+        print(json.dumps(doc, indent=2), flush=True)
     return exit_code
+
+
+_argv: list[str] = []  # the command line main() is handling (for _option_schema)
 
 
 def console_main() -> int:

@@ -4,19 +4,24 @@ differences, and writing the results without losing the verdict."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import importlib
 import json
+import os
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import EnvFileError, Interrupted, ScriptError
-from ..record.launcher import LaunchOptions, RunResult, launch, parse_python_command
+from ..record.divergence import stop_plan
+from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
 from ..record.outdir import check_check_dir, check_run_dir, make_dir, unique_dir
 from ..record.store import Run
 from ..record.workdir import WorkdirWatch, check_copyable, copy_workdir, script_in_copy
@@ -51,17 +56,17 @@ class _Progress:
         if self._rich is not None:
             self._rich.__exit__(*exc)
 
-    def start(self, i: int) -> Any:
-        desc = f"run {i}/{self.total}"
+    def start(self, i: int, label: str = "") -> Any:
+        desc = f"run {i}/{self.total}{label}"
         if self._rich is None:
             print(f"torchrepro: {desc} ...", file=sys.stderr, flush=True)
             return lambda steps: None
         task = self._rich.add_task(f"{desc}: starting", total=None)
         return lambda steps: self._rich.update(task, description=f"{desc}: {steps} steps recorded")
 
-    def done(self, i: int, result: RunResult, seconds: float) -> None:
+    def done(self, i: int, result: RunResult, seconds: float, label: str = "") -> None:
         steps = (result.manifest or {}).get("steps", 0)
-        msg = f"torchrepro: run {i}/{self.total} {result.status}: {steps} steps in {seconds:.1f}s"
+        msg = f"torchrepro: run {i}/{self.total}{label} {result.status}: {steps} steps in {seconds:.1f}s"
         if self._rich is not None:
             self._rich.console.print(msg, highlight=False)
         else:
@@ -76,7 +81,8 @@ def tail_lines(path: Path, n: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(lines[-n:]) if lines else "(empty)"
 
 
-def _failure(i: int, total: int, result: RunResult, run_dir: Path, shared: str | None = None) -> ScriptError:
+def _failure(i: int, total: int, result: RunResult, run_dir: Path, shared: str | None = None,
+             label: str = "") -> ScriptError:
     m = result.manifest or {}
     if m.get("ranks"):  # a torchrun launch: name the rank that failed first
         error = rank_failure(i, total, result, run_dir)
@@ -93,7 +99,7 @@ def _failure(i: int, total: int, result: RunResult, run_dir: Path, shared: str |
             "(and optimizer.step()).")
     if shared is not None:
         hint = f"{shared}\n{hint}"
-    error = ScriptError(f"run {i} of {total} {what}; the runs cannot be compared. {hint}\n"
+    error = ScriptError(f"run {i} of {total}{label} {what}; the runs cannot be compared. {hint}\n"
                         f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}")
     error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
     return error
@@ -121,12 +127,15 @@ def _import_quietly(names: tuple[str, ...]) -> None:
 
 
 def prefetch_analysis() -> None:
-    """Start importing the analysis modules in a daemon thread (at most once per process)."""
+    """Start importing the analysis modules in a background thread (at most once per process).
+
+    Not a daemon thread: the interpreter waits for it before it shuts down. A check that ends while torch is
+    still being imported there (run 1 failed at once) would otherwise abort in torch's C++ teardown
+    ("terminate called without an active exception", SIGABRT) instead of exiting with its own code."""
     global _prefetched
     if not _prefetched:
         _prefetched = True
-        threading.Thread(target=_import_quietly, args=(_ANALYSIS_MODULES,), name="torchrepro-prefetch",
-                         daemon=True).start()
+        threading.Thread(target=_import_quietly, args=(_ANALYSIS_MODULES,), name="torchrepro-prefetch").start()
 
 
 _prefetched = False
@@ -169,6 +178,25 @@ class Isolation:
             return command
         return script_in_copy(command, target.argv, Path.cwd(), Path(self.copies[-1]))
 
+    def options_again(self, run_dir: Path, opts: LaunchOptions) -> LaunchOptions:
+        """The launch options of a second process of the run just prepared (``check --resume-at``'s restart): the
+        same copy of the working directory, or the same watch."""
+        if self.fresh:
+            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=self.copies[-1])
+        if self.watch is not None:
+            self.watch.before_restart()
+            return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=self.watch.since_ns)
+        return dataclasses.replace(opts, record=str(run_dir))
+
+    def restart_done(self, i: int, run_dir: Path) -> str | None:
+        """Note what run ``i``'s restarted process read (see :meth:`run_done`)."""
+        if self.watch is None:
+            return None
+        from ..analysis.compare import shared_workdir_warning
+
+        self.watch.restart_done(i, run_dir)
+        return shared_workdir_warning(self.watch.shared(upto=i))
+
     def run_done(self, i: int, run_dir: Path) -> str | None:
         """Note what run ``i`` read; the warning if it read what run 1 wrote in the shared cwd."""
         if self.watch is None:
@@ -185,36 +213,141 @@ class Isolation:
 
 
 def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
-                 isolation: Isolation | None = None) -> list[Path]:
+                 isolation: Isolation | None = None, *, stop_after: int | None = None,
+                 parallel: bool = False, prestart: bool = True) -> list[Path]:
     """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run.
 
     ``out`` must already be checked (:func:`~torchrepro.record.outdir.check_check_dir`) and locked by the caller.
     ``isolation`` gives each run a copy of the working directory, or watches what the runs read there.
+    ``stop_after``: each later run is compared with run 1 as it records and stopped that many steps after its
+    first divergence (None: every run runs to its end). ``parallel``: all runs at once (:mod:`._parallel`), all
+    stopped ``stop_after`` steps after the first divergence of any. ``prestart``: start run i+1's interpreter
+    while run i runs, held before its script until run i has ended (:class:`Prestarted`).
     """
     parse_python_command(command)  # validate before starting anything
     prefetch_analysis()
     isolation = isolation or Isolation()
-    dirs = []
-    with _Progress(n) as progress:
-        for i in range(1, n + 1):
-            run_dir = out / f"run{i}"
-            check_run_dir(run_dir, flag="--out")
-            make_dir(run_dir, flag="--out", parents=True)
-            opts_i = isolation.options(i, out, run_dir, opts)
-            update = progress.start(i)
-            t0 = time.perf_counter()
-            with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
-                try:
-                    result = launch(isolation.command(command), opts_i, stdout=so, stderr=se, on_poll=update)
-                except Interrupted as exc:
-                    raise Interrupted(exc.signum, f"{exc} Run {i} of {n} was interrupted; the output so far "
-                                                  f"is in {out} (its stderr: {run_dir / 'stderr.txt'}).") from None
-            progress.done(i, result, time.perf_counter() - t0)
-            shared = isolation.run_done(i, run_dir)
-            if result.returncode != 0 or not (result.manifest or {}).get("steps"):
-                raise _failure(i, n, result, run_dir, shared)
-            dirs.append(run_dir)
+    prestart = prestart and not opts.nproc_per_node and os.name == "posix"  # one process; an inherited pipe
+    dirs = [out / f"run{i}" for i in range(1, n + 1)]
+    if parallel:
+        from ._parallel import run_parallel
+
+        with _Progress(n) as progress:
+            def launch_one(i: int, run_command: list[str], opts_i: LaunchOptions) -> RunResult:
+                return launch_run(command, dirs[i - 1], opts_i, progress, isolation, i, run_command=run_command)
+
+            results = run_parallel(command, out, dirs, opts, isolation, stop_after, launch_one)
+        for i, (run_dir, result) in enumerate(zip(dirs, results), start=1):
+            check_run_result(i, n, result, run_dir, isolation.run_done(i, run_dir))
+        return dirs
+    def prepared(i: int) -> tuple[list[str], LaunchOptions]:
+        run_dir = dirs[i - 1]
+        prepare_run(run_dir)
+        opts_i = isolation.options(i, out, run_dir, opts)
+        if stop_after is not None and i > 1:
+            opts_i = dataclasses.replace(opts_i, divergence_stop=stop_plan([dirs[0], run_dir], 1, stop_after,
+                                                                           numbers=[1, i]))
+        return isolation.command(command), opts_i
+
+    with _Progress(n) as progress, contextlib.ExitStack() as pending:
+        waiting: Prestarted | None = None
+        for i, run_dir in enumerate(dirs, start=1):
+            run_command, opts_i = prepared(i) if waiting is None else (waiting.command, waiting.opts)
+            if prestart and i < n:  # run i+1's interpreter imports torch while run i trains (see start_gated)
+                following = Prestarted.start(*prepared(i + 1), dirs[i],
+                                             copy=Path(isolation.copies[-1]) if isolation.fresh else None)
+                pending.callback(following.cancel)
+            if waiting is not None:
+                result = waiting.release(progress, i)
+            else:
+                result = launch_run(command, run_dir, opts_i, progress, isolation, i, run_command=run_command)
+            waiting = following if prestart and i < n else None
+            check_run_result(i, n, result, run_dir, isolation.run_done(i, run_dir))
     return dirs
+
+
+@dataclass
+class Prestarted:
+    """A run of ``check`` started ahead of its turn and held before its script (:func:`~torchrepro.record.launcher.
+    start_gated`): :meth:`release` runs it with progress as :func:`launch_run` does; :meth:`cancel` (a no-op once
+    released) ends it unrun and removes the directory it was given."""
+
+    command: list[str]
+    opts: LaunchOptions
+    run_dir: Path
+    gated: GatedLaunch
+    files: contextlib.ExitStack
+    copy: Path | None = None  # its copy of the working directory (--fresh-cwd), made for it
+    released: bool = False
+
+    @classmethod
+    def start(cls, command: list[str], opts: LaunchOptions, run_dir: Path, copy: Path | None = None) -> Prestarted:
+        files = contextlib.ExitStack()
+        try:
+            so = files.enter_context(open(run_dir / "stdout.txt", "wb"))
+            se = files.enter_context(open(run_dir / "stderr.txt", "wb"))
+            gated = start_gated(command, opts, stdout=so, stderr=se)
+        except BaseException:
+            files.close()
+            raise
+        return cls(command, opts, run_dir, gated, files, copy)
+
+    def release(self, progress: _Progress, i: int) -> RunResult:
+        self.released = True
+        with self.files:
+            return _tracked(progress, i, self.run_dir, lambda update: self.gated.release(on_poll=update))
+
+    def cancel(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        try:
+            self.gated.cancel()
+        finally:
+            self.files.close()
+            for name in ("stdout.txt", "stderr.txt"):  # what the process was given; it ran nothing
+                with contextlib.suppress(OSError):
+                    (self.run_dir / name).unlink()
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()  # only when empty: nothing else of ours or anyone's is removed
+            if self.copy is not None:  # the copy of the working directory made for this run (--fresh-cwd)
+                shutil.rmtree(self.copy, ignore_errors=True)
+
+
+def check_run_result(i: int, n: int, result: RunResult, run_dir: Path, shared: str | None) -> None:
+    """Raise the ScriptError for run ``i`` when it failed or recorded no step."""
+    if result.returncode != 0 or not (result.manifest or {}).get("steps"):
+        raise _failure(i, n, result, run_dir, shared)
+
+
+def prepare_run(run_dir: Path) -> None:
+    """Check ``run_dir`` (only an earlier run may be replaced) and make it."""
+    check_run_dir(run_dir, flag="--out")
+    make_dir(run_dir, flag="--out", parents=True)
+
+
+def launch_run(command: list[str], run_dir: Path, opts: LaunchOptions, progress: _Progress, isolation: Isolation,
+               i: int, label: str = "", *, run_command: list[str] | None = None) -> RunResult:
+    """Launch run ``i`` into ``run_dir`` (its stdout and stderr there too), with progress; say where an
+    interrupted run's output is. ``run_command``: the command as ``isolation`` prepared it for this run (default:
+    ``isolation.command(command)``, for the run prepared last)."""
+    with open(run_dir / "stdout.txt", "wb") as so, open(run_dir / "stderr.txt", "wb") as se:
+        return _tracked(progress, i, run_dir, lambda update: launch(
+            run_command or isolation.command(command), opts, stdout=so, stderr=se, on_poll=update), label)
+
+
+def _tracked(progress: _Progress, i: int, run_dir: Path, go: Callable[[Any], RunResult], label: str = "") -> RunResult:
+    """``go(on_poll)`` as run ``i``, with progress; an interruption says where the run's output is."""
+    update = progress.start(i, label)
+    t0 = time.perf_counter()
+    try:
+        result = go(update)
+    except Interrupted as exc:
+        raise Interrupted(exc.signum, f"{exc} Run {i} of {progress.total}{label} was interrupted; the output "
+                                      f"so far is in {run_dir.parent} (its stderr: {run_dir / 'stderr.txt'})."
+                          ) from None
+    progress.done(i, result, time.perf_counter() - t0, label)
+    return result
 
 
 @dataclass
@@ -290,7 +423,7 @@ def wrote(path: Path, write: Any, errors: WriteErrors) -> bool:
 
 def unsaved_message(errors: WriteErrors) -> str:
     """What could not be written, and what to do."""
-    advice = WRITE_ADVICE_BY_ERRNO.get(errors[0][1], WRITE_ADVICE)
+    advice = WRITE_ADVICE_BY_ERRNO.get(errors[0][1], WRITE_ADVICE)  # type: ignore[arg-type]
     return (f"{'; '.join(e for e, _ in errors)}; the verdict above is complete, only the file(s) named are missing. "
             f"{advice} and run the check again.")
 
@@ -326,7 +459,7 @@ def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> Script
     """The error for a failed run of several ranks: the rank that ended early or failed first, how, what the
     others did, and the last lines of the stderr of the rank that failed first."""
     m = result.manifest or {}
-    statuses = m.get("rank_status") if isinstance(m.get("rank_status"), dict) else {}
+    statuses: dict[str, Any] = m.get("rank_status") if isinstance(m.get("rank_status"), dict) else {}  # type: ignore[assignment]
     failed = m.get("failed_rank")
     early = [r for r in m.get("ended_early") or [] if f"rank{r}" in statuses]
     hint = _FIX_SCRIPT if result.returncode != 0 else _FIX_NO_STEPS

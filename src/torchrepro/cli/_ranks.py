@@ -25,6 +25,7 @@ from ._checkrun import (
     saved,
 )
 from ._render import render
+from .run_cmd import determinism_options
 
 
 def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:
@@ -36,7 +37,7 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
                            "directories with `torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
-    opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
+    opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
                          nproc_per_node=nproc, rank_output=True)
     what = f"`{' '.join(args.user_command)}`"
@@ -57,17 +58,23 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
 
 def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
                  environment: EnvironmentDifferences | None = None) -> int:
-    """Plot (the lead rank), write check.json, print the summary or JSON; return the exit code."""
+    """Plot (the lead rank), write report.html and check.json, print the summary or JSON; return the exit code."""
+    from ._html.reports import ranks_report
+    from ._report import REPORT, write_report
+
     rank, lead = check.lead
     errors: WriteErrors = []
     plot = saved(out / "check.png", lambda: plot_check(lead, out / "check.png"), errors)
     doc = check.to_json() | {"plot": str(plot) if plot else None, "command": what, "exit_code": check.exit_code}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(lead.verdict)
+    summary = render_ranks(check, what=what, plot=str(plot) if plot else None)
+    report = write_report(out / REPORT, lambda: ranks_report(check, doc, out, command=what, text=summary), errors)
+    doc["report"] = str(report) if report else None
     saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
     env_text = environment.render(lead.verdict) if environment is not None and not as_json else None
     text = "" if as_json else "\n\n".join(
-        t for t in (render_ranks(check, what=what, plot=str(plot) if plot else None), env_text) if t)
+        t for t in (summary + (f"\nReport: {report}" if report else ""), env_text) if t)
     return print_verdict(doc, text, as_json, errors)
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._core.table import printable
 from ..analysis.compare import LABELS, CheckResult
+
+if TYPE_CHECKING:
+    from ..analysis.resumeat import ResumeResult
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -18,9 +22,13 @@ def _fmt(x: float | None) -> str:
 
 
 def _final_line(result: CheckResult) -> str:
+    stopped = ", ".join(str(i) for i, stop in enumerate(result.stopped, start=1) if stop)
+    among = f" of the runs that ran to their end (not run {stopped}: stopped early)" if stopped else ""
     if result.final_max_abs_delta_tensor is None:
-        return "  final parameters: bitwise equal in every run"
-    line = f"  final max |Δ weight| = {result.final_max_abs_delta:.6g} ({result.final_max_abs_delta_tensor})"
+        return f"  final parameters{among}: bitwise equal" if stopped else \
+            "  final parameters: bitwise equal in every run"
+    line = (f"  final max |Δ weight|{among} = {result.final_max_abs_delta:.6g} "
+            f"({result.final_max_abs_delta_tensor})")
     if result.final_max_abs_delta == 0:
         line += " - finite values equal; the tensors differ in NaN/Inf positions, sign of zero or NaN bits"
     if result.max_ulp:
@@ -28,56 +36,94 @@ def _final_line(result: CheckResult) -> str:
     return line
 
 
-def render(result: CheckResult, *, what: str, plot: str | None = None) -> str:
-    lines: list[str] = []
-    unit = "steps" if result.step_mode == "optimizer" else "backward() calls"
+def headline(result: CheckResult, *, what: str) -> str:
+    """The verdict line of ``check`` and ``diff`` (the terminal's first line, the HTML report's headline)."""
     if result.verdict == "identical":
-        lines.append(f"torchrepro: IDENTICAL - {len(result.runs)} runs of {what}, {result.steps[0]} {unit} each; "
-                     "every recorded loss, batch, parameter, gradient and optimizer-state tensor is bitwise equal.")
+        unit = "steps" if result.step_mode == "optimizer" else "backward() calls"
+        return (f"torchrepro: IDENTICAL - {len(result.runs)} runs of {what}, {result.steps[0]} {unit} each; every "
+                "recorded loss, batch, parameter, gradient and optimizer-state tensor is bitwise equal.")
+    line = (f"torchrepro: DIVERGED at step {result.first_step} ({len(result.runs)} runs of {what}; steps per run: "
+            f"{result.steps})")
+    if result.first_step == 0:
+        line += " - step 0 means the initial parameters, before the first update"
+    return line
+
+
+def render(result: CheckResult, *, what: str, plot: str | None = None, detail_only: bool = False,
+           report: str | Path | None = None) -> str:
+    """The summary of a comparison; ``detail_only``: what diverged, how it grew and the notes, without the verdict
+    line, cause, next action, plot and runs (``check --resume-at`` gives its own)."""
+    lines: list[str] = []
+    if detail_only:
+        if result.verdict != "identical":
+            _divergence(result, lines)
+    elif result.verdict == "identical":
+        lines.append(headline(result, what=what))
         warning = (result.working_directory or {}).get("warning")
         if warning:
             lines.append(f"Warning: {warning}")
     else:
-        lines.append(f"torchrepro: DIVERGED at step {result.first_step} "
-                     f"({len(result.runs)} runs of {what}; steps per run: {result.steps})")
-        if result.first_step == 0:
-            lines[-1] += " - step 0 means the initial parameters, before the first update"
+        lines.append(headline(result, what=what))
         lines.append("")
-        lines.append("What diverged first (causal order):")
-        for i, d in enumerate(result.first, start=1):
-            lines.append(f"  {i}. {d.label:<18} step {d.step:<5} {_names(d.names)}")
-        later = {k: s for k, s in result.kind_first_steps.items() if s != result.first_step}
-        if later:
-            lines.append("  then: " + ", ".join(f"{LABELS[k]} at step {s}" for k, s in later.items()))
+        _divergence(result, lines)
         lines.append("")
-        lines.append("How the difference grew:")
-        lines.append(f"  {'step':>6}  {'max |Δ loss|':>12}  {'max |Δ param|':>13}")
-        rows = sorted(set(range(1, len(result.loss_delta) + 1)) | set(result.param_delta))
-        if len(rows) > 12:
-            start = max(0, rows.index(result.first_step) if result.first_step in rows else 0)
-            rows = rows[start:start + 8] + rows[-3:]
-            rows = sorted(set(rows))
-        for k in rows:
-            ld = result.loss_delta[k - 1] if 1 <= k <= len(result.loss_delta) else None
-            lines.append(f"  {k:>6}  {_fmt(ld):>12}  {_fmt(result.param_delta.get(k)):>13}")
-        if result.final_max_abs_delta is not None:
-            lines.append(_final_line(result))
-        for entry in result.nonfinite:
-            when = "final" if entry.get("step") is None else f"step {entry['step']}"
-            lines.append(f"  {when}: {entry['text']}")
-        if result.value_delta_text:
-            lines.append(f"  {result.value_delta_text}")
-        lines.append("")
+        lines += stop_lines(result)
         if result.compiled and result.compiled.get("text"):
             lines.append(f"Compiled: {result.compiled['text']}")
         lines.append(f"Cause: {result.cause} - {result.explanation}")
         lines.append(f"Next:  {result.action}")
     for note in result.notes:
         lines.append(f"Note:  {note}")
+    if detail_only:
+        return "\n".join(lines)
+    if report:
+        lines.append(f"Report: {report}")
     if plot:
         lines.append(f"Plot:  {plot}")
     lines.append("Runs:  " + ", ".join(result.runs))
     return "\n".join(lines)
+
+
+def stop_lines(result: CheckResult) -> list[str]:
+    """``Stopped: run 2 stopped 5 steps after its first divergence (step 1) ...``, one line per stopped run."""
+    lines = []
+    for i, stop in enumerate(result.stopped, start=1):
+        if not stop:
+            continue
+        first, after = stop.get("first_divergent_step"), stop.get("steps_after")
+        own = stop.get("diverged_runs") == [i]
+        whose = "its first divergence" if own else "the first divergence"
+        lines.append(f"Stopped: run {i} stopped {after} steps after {whose} (step {first}), after step "
+                     f"{stop.get('after_step')}; --full-runs runs every step")
+    return lines
+
+
+def _divergence(result: CheckResult, lines: list[str]) -> None:
+    """What diverged first (causal order) and how the difference grew."""
+    lines.append("What diverged first (causal order):")
+    for i, d in enumerate(result.first, start=1):
+        lines.append(f"  {i}. {d.label:<18} step {d.step:<5} {_names(d.names)}")
+    later = {k: s for k, s in result.kind_first_steps.items() if s != result.first_step}
+    if later:
+        lines.append("  then: " + ", ".join(f"{LABELS[k]} at step {s}" for k, s in later.items()))
+    lines.append("")
+    lines.append("How the difference grew:")
+    lines.append(f"  {'step':>6}  {'max |Δ loss|':>12}  {'max |Δ param|':>13}")
+    rows = sorted(set(range(1, len(result.loss_delta) + 1)) | set(result.param_delta))
+    if len(rows) > 12:
+        start = max(0, rows.index(result.first_step) if result.first_step in rows else 0)
+        rows = rows[start:start + 8] + rows[-3:]
+        rows = sorted(set(rows))
+    for k in rows:
+        ld = result.loss_delta[k - 1] if 1 <= k <= len(result.loss_delta) else None
+        lines.append(f"  {k:>6}  {_fmt(ld):>12}  {_fmt(result.param_delta.get(k)):>13}")
+    if result.final_max_abs_delta is not None:
+        lines.append(_final_line(result))
+    for entry in result.nonfinite:
+        when = "final" if entry.get("step") is None else f"step {entry['step']}"
+        lines.append(f"  {when}: {entry['text']}")
+    if result.value_delta_text:
+        lines.append(f"  {result.value_delta_text}")
 
 
 def _src(op: dict[str, Any] | None) -> str:
@@ -133,7 +179,7 @@ def render_locate(doc: dict[str, Any]) -> str:
                   f"{doc['ops_traced'][0]} and {doc['ops_traced'][1]} ops)")
     op, other = doc.get("op"), doc.get("op_other_run")
     if verdict == "not-reproduced":
-        lines.append("  Every traced op had identical inputs and outputs in both re-runs.")
+        lines.append("  Every traced op had identical inputs and outputs in both runs.")
     elif verdict == "control-flow":
         lines.append(f"  run A: op #{doc['op_index']}: {_src(op)}")
         if op and op.get("code"):
@@ -233,3 +279,54 @@ def print_env_diff(diff: Any, *, title: str | None = None) -> None:
             for c in changes[:ENV_TEXT_LIMIT[rank]]:  # Text: recorded strings are not read as rich markup
                 table.add_row(Text(printable(c.key)), Text(c.values()), c.reason)
             console.print(table)
+
+
+_TRAINERS = {"lightning": "Lightning's trainer.save_checkpoint", "transformers": "the transformers Trainer's own save",
+             "script": "the script's own save"}
+
+
+def render_resume(result: ResumeResult, *, what: str, plot: str | None = None) -> str:
+    """Text for ``check --resume-at K``: the resume verdict, what was restored (causal order), the comparison."""
+    k, steps = result.k, result.steps
+    saver = _TRAINERS.get(result.trainer, result.trainer)
+    story = (f"run 1 trained {steps['uninterrupted']} steps straight through; run 2 trained "
+             f"{steps['before_checkpoint']}, checkpointed ({saver}) and stopped, and a fresh process resumed from "
+             f"the checkpoint and trained {steps['after_resume']} more")
+    lines: list[str] = []
+    if result.verdict == "identical":
+        lines.append(f"torchrepro: RESUME IDENTICAL - {what} resumed at step {k} continues bit for bit as the "
+                     f"uninterrupted run ({story}); every recorded loss, batch, parameter, gradient and "
+                     "optimizer-state tensor is bitwise equal.")
+    else:
+        lines.append(f"torchrepro: RESUME DIVERGED at step {result.step} - {what} resumed at step {k} does not "
+                     f"continue as the uninterrupted run ({story}).")
+        lines.append("")
+        first = result.first_divergent
+        lines.append(f"Not restored: {result.what} (first divergent step {result.step}"
+                     + (f": {first['label']} {_names(first['names'])}" if first else "") + ")")
+        lines.append(f"  {printable(result.explanation or '')}")
+    lines.append("")
+    lines.append(f"What the resume restored, in causal order (checkpoint after step {k}):")
+    marks = {True: "yes", False: "NO", None: "-"}
+    for i, r in enumerate(result.restored, start=1):
+        lines.append(f"  {i}. {r.label:<16} {r.where:<19} {marks[r.restored]:<4} {printable(r.text)}")
+    if result.verdict != "identical":
+        lines.append("")
+        lines.append(f"Fix:   {result.fix}")
+        detail = render(result.comparison, what=what, detail_only=True)
+        if detail:
+            lines.append("")
+            lines.append(f"Step by step (run 1 against run 2, its two processes joined at step {k}):")
+            lines += ["  " + line if line else "" for line in detail.splitlines()]
+    elif result.comparison.notes:
+        lines += [f"Note:  {note}" for note in result.comparison.notes]
+    lines += [f"Note:  {note}" for note in result.notes]
+    warning = (result.comparison.working_directory or {}).get("warning")
+    if warning and result.cause != "shared-working-directory":
+        lines.append(f"Warning: {warning}")
+    if result.checkpoint:
+        lines.append(f"Checkpoint: {printable(result.checkpoint)}")
+    if plot:
+        lines.append(f"Plot:  {plot}")
+    lines.append("Runs:  " + ", ".join(f"{v} ({k_})" for k_, v in result.runs.items()))
+    return "\n".join(lines)

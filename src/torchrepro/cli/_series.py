@@ -54,14 +54,21 @@ def output_dir(given: str | None, prefix: str, own_files: set[str]) -> Path:
     return make_dir(out, flag="--out")
 
 
-def _failure(i: int, total: int, label: str, result: RunResult, run_dir: Path, command: str) -> ScriptError:
+BUNDLED_HINT = ("That is torchrepro's bundled script (`{script}`), not yours: if its stderr below names a resource "
+                "(memory, a device), change the arguments after `--`; otherwise it is a bug in torchrepro: please "
+                "report it with these lines.")
+
+
+def _failure(i: int, total: int, label: str, result: RunResult, run_dir: Path, command: str,
+             bundled: str | None = None) -> ScriptError:
     m = result.manifest or {}
     if result.status == "killed":
         what = f"was killed by {m.get('signal') or f'signal {-result.returncode}'}"
         hint = "Find out what stopped it (memory? a time limit?), then run again."
     elif result.returncode != 0:
         what = f"failed with exit code {result.returncode}"
-        hint = "Fix the script so that it runs on its own (`python ...`), then run again."
+        hint = ("Fix the script so that it runs on its own (`python ...`), then run again." if bundled is None
+                else BUNDLED_HINT.format(script=bundled))
     else:
         what = "finished but recorded no optimizer step and no backward() call"
         hint = (f"torchrepro {command} needs training steps: make sure the script calls loss.backward() (and "
@@ -73,16 +80,19 @@ def _failure(i: int, total: int, label: str, result: RunResult, run_dir: Path, c
 
 
 def run_series(out: Path, plan: list[tuple[str, list[str], LaunchOptions]], *, what: str,
-               after: Callable[[int, Launched], None] | None = None) -> list[Launched]:
+               after: Callable[[int, Launched], None] | None = None, bundled: str | None = None,
+               first: int = 1, total: int | None = None) -> list[Launched]:
     """Launch each ``(label, command, options)`` of ``plan`` into ``out/run<i>``; progress on stderr.
 
     Raises :class:`~torchrepro._core.errors.ScriptError` (exit 2) when a run fails or records no step; ``after(i, run)``
     is called after each run and may raise too (so that a problem stops the series at once). ``out`` must be
-    checked by :func:`output_dir` and locked by the caller.
+    checked by :func:`output_dir` and locked by the caller. ``bundled`` names the script when it is torchrepro's
+    own (``bench --builtin``): a failure then never asks the user to fix it. A series continued in parts starts
+    at run ``first`` of ``total`` (default: this plan's length).
     """
     done: list[Launched] = []
-    total = len(plan)
-    for i, (label, command, opts) in enumerate(plan, start=1):
+    total = total if total is not None else first - 1 + len(plan)
+    for i, (label, command, opts) in enumerate(plan, start=first):
         run_dir = out / f"run{i}"
         check_run_dir(run_dir, flag="--out")
         make_dir(run_dir, flag="--out", parents=True)
@@ -98,7 +108,7 @@ def run_series(out: Path, plan: list[tuple[str, list[str], LaunchOptions]], *, w
         print(f"torchrepro {what}: run {i}/{total} ({label}) {result.status}: {steps} steps in "
               f"{time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         if result.returncode != 0 or not steps:
-            raise _failure(i, total, label, result, run_dir, what)
+            raise _failure(i, total, label, result, run_dir, what, bundled)
         done.append(Launched(label, run_dir, result, read_trace_lines(run_dir)[0]))
         if after is not None:
             after(i, done[-1])

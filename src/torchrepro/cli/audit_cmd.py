@@ -20,18 +20,21 @@ from .._core.errors import Interrupted, ScriptError
 from .._core.table import printable
 from ..env.audit import AuditReport, audit, audit_recorded
 from ..record.launcher import LaunchOptions, launch, parse_python_command
+from ._html.reports import audit_report
+from ._report import html_fields, html_option, write_html_option
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("audit", help="judge the reproducibility checklist here, or for a script at its first step",
-                       usage="torchrepro audit [--json] [-- python train.py [ARGS]]",
+                       usage="torchrepro audit [--json] [--html PATH] [-- python train.py [ARGS]]",
                        description="Evaluate the reproducibility checklist (RNG seeds, DataLoader workers, cuDNN/"
                        "cuBLAS algorithm choice, collective communication, mixed precision, hardware). With a "
                        "command, run it to its first training step and audit what it set up. Exit 0 clean, 1 "
                        "findings, 2 usage error or a script that fails before its first step.")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    html_option(p, "the checklist")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="a training command to audit at its first step (its output goes to stderr)")
     p.set_defaults(handler=run)
@@ -73,5 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     report = _audit_script(command) if command else audit()
-    print(json.dumps(report.to_json(), indent=2) if args.json else render_report(report))
-    return report.exit_code
+    text = render_report(report)
+    written = write_html_option(args.html, lambda: audit_report(report.to_json(), text))
+    print(json.dumps(html_fields(report.to_json(), args.html, written), indent=2) if args.json else text)
+    return written[0] or report.exit_code

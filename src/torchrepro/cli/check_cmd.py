@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.io import atomic_write_bytes, atomic_write_json
-from ..record.launcher import LaunchOptions, parse_python_command, ranks_command
+from ..record.launcher import CommandError, LaunchOptions, parse_python_command, ranks_command
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, load_run
 from ._checkrun import (
@@ -25,16 +25,23 @@ from ._checkrun import (
     unsaved_message,
     wrote,
 )
-from .run_cmd import add_launch_options, positive_int, runs_arg
+from ._usage import COMMAND_TAIL, set_usage
+from .run_cmd import add_launch_options, determinism_options, positive_int, runs_arg
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
     from ..analysis.compare import CheckResult
 
+DEFAULT_STEPS_AFTER = 5  # steps a diverged run records after its first divergence (check --steps-after-divergence)
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
-                       usage="torchrepro check [--runs N] [--seed S] [--deterministic] [--max-steps K] [--json] "
-                             "[--out DIR] [--nproc-per-node P] -- python train.py [ARGS]")
+    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit")
     p.add_argument("--runs", type=runs_arg, default=2, help="how many runs to compare (at least 2; default 2)")
+    p.add_argument("--resume-at", type=positive_int, metavar="K",
+                   help="prove resume: run 1 trains straight through; run 2 checkpoints after step K, stops, and a "
+                        "fresh process resumes from the checkpoint; compare them step by step and say what the "
+                        "resume did not restore (Lightning and transformers Trainer scripts need no change; a "
+                        "script with its own loop reads torchrepro.resume_point(): see docs/resume-at.md)")
     add_launch_options(p)
     p.add_argument("--locate", action="store_true",
                    help="on a divergence, re-run twice tracing every op of the first divergent step, and name the "
@@ -45,19 +52,36 @@ def add_parser(sub: Any) -> None:
                    help="run each run in its own copy of the working directory (OUT/runN-cwd), so that no run "
                         "reads what an earlier one wrote there (a resumed snapshot.pt, a checkpoint folder); "
                         "without it, check names such files in its verdict")
+    p.add_argument("--steps-after-divergence", type=positive_int, default=DEFAULT_STEPS_AFTER, metavar="K",
+                   help="compare each later run with run 1 as it records and stop it K steps after its first "
+                        f"divergence: the verdict, first divergent step and growth table need no more (default "
+                        f"{DEFAULT_STEPS_AFTER})")
+    p.add_argument("--full-runs", action="store_true",
+                   help="run every run to its end, diverged or not (the final |Δ weight| of diverged runs)")
+    p.add_argument("--parallel", action="store_true",
+                   help="start all runs at once and compare them step by step as they go; all stop K steps after "
+                        "the first divergence. Each run keeps the threads it would have alone; with a GPU per run, "
+                        "each run gets its own (see docs/check.md: when it is faster)")
+    p.add_argument("--no-prestart", action="store_true",
+                   help="start each run's interpreter only once the run before it has ended (by default the next "
+                        "run's interpreter starts, and imports torch, while the current one trains, and waits "
+                        "before its script: the script runs exactly as it would; this only saves the start-up)")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
     p.add_argument("--out", metavar="DIR", help="output directory; only an earlier check's output in it may be "
                    "replaced (default: a new torchrepro-runs/check-TIMESTAMP-PID)")
+    set_usage(p, "torchrepro check", COMMAND_TAIL)
     p.set_defaults(handler=run, accepts_command=True)
 
 
 def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
            located: dict[str, Any] | None = None, environment: EnvironmentDifferences | None = None,
-           errors: WriteErrors | None = None) -> int:
-    """Plot, write check.json, print the summary or JSON; return the exit code (0 identical, 1 diverged, 2 when
-    an output file could not be written: the verdict is printed all the same)."""
+           errors: WriteErrors | None = None, title: str = "torchrepro check", runs: list[Any] | None = None) -> int:
+    """Plot, write report.html and check.json, print the summary or JSON; return the exit code (0 identical, 1
+    diverged, 2 when an output file could not be written: the verdict is printed all the same)."""
     from ..analysis.report import plot_check
+    from ._html.reports import check_report, loadable
     from ._render import render, render_locate
+    from ._report import REPORT, write_report
 
     errors = list(errors or [])
     plot = saved(out / "check.png", lambda: plot_check(result, out / "check.png"), errors)
@@ -67,23 +91,29 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
         doc["environment_diff"] = environment.to_json(result.verdict)
     if located is not None:
         doc["locate"] = located
+    shown = runs if runs is not None else loadable(result.runs)  # the runs the caller loaded, not read again
+    report = write_report(out / REPORT, lambda: check_report(result, doc, shown, out, command=what, title=title),
+                          errors)
+    doc["report"] = str(report) if report else None
     if errors:  # check.json says so too
         doc["exit_code"], doc["error"] = 2, unsaved_message(errors)
     saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
     text = ""
     if not as_json:
         env_text = environment.render(result.verdict) if environment is not None else None
-        text = "\n".join([render(result, what=what, plot=str(plot) if plot else None),
+        text = "\n".join([render(result, what=what, plot=str(plot) if plot else None, report=report),
                           *(["\n" + env_text] if env_text else []),
                           *([render_locate(located)] if located is not None else [])])
     return print_verdict(doc, text, as_json, errors)
 
 
 LOCATABLE = ("compute", "initial-weights")
+LOCATED_NEXT = "See Locate below: what the traced re-runs found, and what to change."
 
 
 def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions, steps: int,
-               errors: WriteErrors | None = None, isolation: Isolation | None = None) -> dict[str, Any]:
+               errors: WriteErrors | None = None, isolation: Isolation | None = None, *,
+               prestart: bool = True) -> dict[str, Any]:
     """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams."""
     from ..analysis.locate import VERDICTS, locate_ops
     from ..record.optrace import read_ops
@@ -96,7 +126,7 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
                 "not need to trace (the summary above says what differs and what to do)"}
     errors = [] if errors is None else errors
     if result.compiled and result.compiled.get("in_compiled_code") is not False:  # the op tracer cannot see it
-        return run_compiled_locate(command, out, result, opts, errors, isolation)
+        return run_compiled_locate(command, out, result, opts, errors, isolation, prestart=prestart)
     first = int(result.first_step or 0)
     last = first + steps - 1
     # In optimizer mode the traced runs stop right after the traced steps (step 0 = construction: stop at 1).
@@ -105,7 +135,7 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
                                      trace_mode=result.step_mode, max_steps=stop_at)
     print(f"torchrepro: --locate: tracing every operation of step {first}" +
           (f"..{last}" if last > first else "") + " in two more runs", file=sys.stderr, flush=True)
-    dirs = execute_runs(command, out / "locate", 2, trace_opts, _fresh_only(isolation))
+    dirs = execute_runs(command, out / "locate", 2, trace_opts, _fresh_only(isolation), prestart=prestart)
     ops = [list(read_ops(d / OPS)) if (d / OPS).exists() else [] for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     loc = locate_ops(ops[0], ops[1], device=device)
@@ -123,7 +153,8 @@ def _fresh_only(isolation: Isolation | None) -> Isolation | None:
 
 
 def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions,
-                        errors: WriteErrors, isolation: Isolation | None = None) -> dict[str, Any]:
+                        errors: WriteErrors, isolation: Isolation | None = None, *, prestart: bool = True
+                        ) -> dict[str, Any]:
     """Re-run twice capturing the graphs inductor compiled; measure them at the first divergent step (see
     :mod:`torchrepro.analysis.compilelocate`)."""
     from ..analysis.compilelocate import locate_compiled
@@ -136,7 +167,7 @@ def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts
         **opts.extra_env, CAPTURE_ENV: json.dumps({"repeats": DEFAULT_REPEATS})})
     print(f"torchrepro: --locate: the divergence lies in torch.compile'd code; capturing the graphs inductor "
           f"compiled and measuring them at step {first} in two more runs", file=sys.stderr, flush=True)
-    dirs = execute_runs(command, out / "locate", 2, capture_opts, _fresh_only(isolation))
+    dirs = execute_runs(command, out / "locate", 2, capture_opts, _fresh_only(isolation), prestart=prestart)
     docs = [json.loads((d / GRAPHS_FILE).read_text()) if (d / GRAPHS_FILE).exists() else {} for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     doc = locate_compiled(docs, step=first, device=device).to_json()
@@ -151,6 +182,16 @@ def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts
 
 def run(args: argparse.Namespace) -> int:
     command, nproc = ranks_command(args.user_command, args.nproc_per_node)
+    if args.parallel and (nproc or args.resume_at is not None):
+        raise CommandError(f"--parallel runs the runs of one process at once; it does not go with "
+                           f"{'--resume-at' if args.resume_at is not None else '--nproc-per-node or torchrun'} "
+                           "(those checks run one run after the other): remove --parallel.")
+    if args.resume_at is not None:
+        if nproc:
+            raise CommandError("--resume-at checks one process; it does not go with --nproc-per-node or torchrun yet.")
+        from ._resumecheck import run_resume_check
+
+        return run_resume_check(args, command)
     if nproc:  # several ranks through torchrun
         from ._ranks import run_ranks_check
 
@@ -158,18 +199,23 @@ def run(args: argparse.Namespace) -> int:
     parse_python_command(command)  # a bad command is refused before any directory is made
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
-    opts = LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
+    opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
     with lock_dir(out):
         isolation = Isolation.for_check(args.fresh_cwd, out)
-        dirs = execute_runs(command, out, args.runs, opts, isolation)
+        dirs = execute_runs(command, out, args.runs, opts, isolation, parallel=args.parallel,
+                            stop_after=None if args.full_runs else args.steps_after_divergence,
+                            prestart=not args.no_prestart)
         from ..analysis.compare import compare_runs, note_shared_workdir
 
         runs = [load_run(d) for d in dirs]
         result = compare_runs(runs)
         note_shared_workdir(result, isolation.to_json() or {})
         errors: WriteErrors = []
-        located = run_locate(command, out, result, opts, args.locate_steps, errors, isolation) if args.locate else None
+        located = (run_locate(command, out, result, opts, args.locate_steps, errors, isolation,
+                              prestart=not args.no_prestart) if args.locate else None)
+        if located is not None and located.get("verdict") not in ("nothing-to-locate", "skipped"):
+            result.next_action = LOCATED_NEXT  # not "check --locate names the operation": it just ran
         return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located,
-                      environment=environment_differences(runs, quiet_if_same=True), errors=errors)
+                      environment=environment_differences(runs, quiet_if_same=True), errors=errors, runs=runs)

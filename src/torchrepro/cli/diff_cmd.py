@@ -8,21 +8,44 @@ Under the verdict it lists the environment and launch differences of the two run
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, cast
 
+from .._core.errors import RunDirError
 from .._core.io import atomic_write_json
-from ..analysis.compare import compare_runs
+from ..analysis.compare import CheckResult, compare_runs
 from ..analysis.envdiff import locate_between
+from ..record.launcher import CommandError
 from ..record.outdir import lock_dir
-from ..record.store import load_run
-from ._checkrun import environment_differences, output_dir
+from ..record.store import MANIFEST, load_ranks, load_run, read_manifest, split_run_dirs
+from ._checkrun import EnvironmentDifferences, environment_differences, output_dir
 from ._render import render_op_table
 from .check_cmd import finish
+
+NOTHING_TO_LOCATE: dict[str, Any] = {"verdict": "nothing-to-locate",
+                                     "title": "the runs are identical: nothing to locate"}
+
+
+def next_action(result: CheckResult, env_diff: EnvironmentDifferences, located: dict[str, Any] | None) -> str | None:
+    """The next step for two runs whose environments differ in what breaks bitwise equality; None: the cause's.
+
+    Deterministic mode makes one environment repeat itself; it cannot make two environments agree, so the
+    cause's usual advice (``check --deterministic``) would contradict the environment differences listed below.
+    """
+    diff = env_diff.diff
+    if result.verdict == "identical" or diff is None or not diff.breaks_bitwise:
+        return None
+    if located is not None and located.get("explanation"):
+        return "See Locate below: it names the operation that computes differently in B's environment and why."
+    return (f"The runs differ in settings that break bitwise equality ({diff.summary()}): give both the same "
+            "settings and record again. `check --deterministic` would not help: it makes one environment repeat "
+            "itself, not agree with another.")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("diff", help="compare two recorded run directories (and their environments)")
-    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_a", metavar="RUN_A",
+                   help="a run directory; for a run of several nodes recorded into each node's own directory, "
+                        "those directories joined by ':' (A_node0:A_node1)")
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--locate", action="store_true",
                    help="compare the op traces the runs kept (record them with `torchrepro run --record DIR "
@@ -33,20 +56,64 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _ranks_of(run_dir: str) -> int | None:
+    """How many ranks the run in ``run_dir`` (its first directory) lists; None for a run of one process."""
+    path = split_run_dirs(run_dir)[0]
+    if not (path / MANIFEST).is_file():
+        return None
+    try:
+        ranks = read_manifest(path / MANIFEST).get("ranks")
+    except RunDirError:
+        return None  # load_run names the problem
+    return len(ranks) if isinstance(ranks, list) and ranks else None
+
+
+def run_ranks_diff(args: argparse.Namespace) -> int:
+    """Two runs of several ranks (one node or several): every rank against its counterpart, and the ranks of
+    each run against each other, as ``check --nproc-per-node`` compares its runs."""
+    from ..analysis.rankcompare import compare_rank_runs
+    from ._ranks import finish_ranks
+
+    if args.locate:
+        raise CommandError("--locate compares the op traces of one process: pass one rank's directory of each run, "
+                           f"e.g. `torchrepro diff --locate {args.run_a}/rank0 {args.run_b}/rank0`.")
+    loaded = [load_ranks(args.run_a), load_ranks(args.run_b)]
+    runs = [ranks for _, ranks in loaded]
+    if len(runs[0]) != len(runs[1]):
+        raise CommandError(f"{args.run_a} has {len(runs[0])} ranks and {args.run_b} has {len(runs[1])}: runs of "
+                           "different sizes cannot be compared rank by rank. Compare one rank's directories, e.g. "
+                           f"`torchrepro diff {args.run_a}/rank0 {args.run_b}/rank0`.")
+    check = compare_rank_runs(runs)
+    out = output_dir(args.out, "diff")
+    with lock_dir(out):
+        env = environment_differences([r[0] for r in runs])
+        return finish_ranks(check, out, what=f"{args.run_a} vs {args.run_b}", as_json=args.json, environment=env)
+
+
 def run(args: argparse.Namespace) -> int:
+    counts = [_ranks_of(args.run_a), _ranks_of(args.run_b)]
+    if counts[0] and counts[1]:
+        return run_ranks_diff(args)
+    if counts[0] or counts[1]:
+        several, one = (args.run_a, args.run_b) if counts[0] else (args.run_b, args.run_a)
+        raise CommandError(f"{several} is a run of several ranks and {one} a run of one process: compare runs of the "
+                           f"same kind, or one rank's directory with the other run (e.g. {several}/rank0).")
     runs = [load_run(args.run_a), load_run(args.run_b)]
     result = compare_runs(runs)
     env_diff = environment_differences(runs)
-    located = None
+    located: dict[str, Any] | None = None
     if args.locate:
         env_diff.locate_hint = False
-        located = locate_between(runs[0], runs[1], env_diff.diff, first_step=result.first_step)
+        located = (dict(NOTHING_TO_LOCATE) if result.verdict == "identical" else
+                   locate_between(runs[0], runs[1], env_diff.diff, first_step=result.first_step))
+    result.next_action = next_action(result, env_diff, located)
     out = output_dir(args.out, "diff")
     with lock_dir(out):
-        if located is not None:
+        if located is not None and "context" in located:
             table = out / "locate_ops.txt"
-            table.write_text(render_op_table(located["context"]) + "\n")
+            table.write_text(render_op_table(cast("list[dict[str, Any]]", located["context"])) + "\n")
             located["op_table"] = str(table)
+        if located is not None:
             atomic_write_json(out / "locate.json", located)
         return finish(result, out, what=f"{args.run_a} vs {args.run_b}", as_json=args.json, located=located,
-                      environment=env_diff)
+                      environment=env_diff, title="torchrepro diff", runs=runs)

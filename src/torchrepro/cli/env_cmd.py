@@ -19,6 +19,7 @@ from .._core.table import printable
 from ..analysis.envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
 from ..env.info import environment
 from ._render import print_env_diff
+from ._report import html_fields, html_option, write_html_option
 
 # Sections printed as "key value" rows, in this order; packages are summarised (all of them with --json).
 _TEXT_SECTIONS = ("python", "platform", "torch_build", "cuda", "accelerators", "cpu", "config", "threads",
@@ -30,7 +31,8 @@ def add_parser(sub: Any) -> None:
                        "the differences between two", usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
                        "       torchrepro env diff A B [--json]")
     p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
-    p.add_argument("-o", "--output", metavar="FILE", help="also write the JSON document to FILE")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write the JSON document to FILE instead of printing the table (with --json: print it too)")
     p.add_argument("--include-host", action="store_true",
                    help="also record host name, user name, home and working directory (left out by default)")
     p.set_defaults(handler=run)
@@ -43,6 +45,7 @@ def add_parser(sub: Any) -> None:
     d.add_argument("b", metavar="B", help="env JSON file or run directory")
     d.add_argument("--json", action="store_true", default=argparse.SUPPRESS,  # `env --json diff A B` works too
                    help="write one JSON document to stdout")
+    html_option(d, "the ranked differences")
     d.set_defaults(handler=run_diff, command="env-diff")
 
 
@@ -94,12 +97,26 @@ def run(args: argparse.Namespace) -> int:
 def run_diff(args: argparse.Namespace) -> int:
     a, b = load_environment(args.a), load_environment(args.b)
     diff = diff_environments(a, b, label_a=args.a, label_b=args.b)
+    written = write_html_option(args.html, lambda: _html(diff))
     if args.json:
-        print(json.dumps(diff.to_json(), indent=2))
+        print(json.dumps(html_fields(diff.to_json(), args.html, written), indent=2))
     else:
         print_env_diff(diff)
         if diff.breaks_bitwise:
-            print(f"\nB differs from A in settings that break bitwise equality: {diff.summary()}. Runs in these "
-                  "two environments are not expected to give the same bits.")
-    return diff.exit_code
+            print(f"\n{_BREAKS.format(summary=diff.summary())}")
+    return written[0] or diff.exit_code
+
+
+_BREAKS = ("B differs from A in settings that break bitwise equality: {summary}. Runs in these two environments are "
+           "not expected to give the same bits.")
+
+
+def _html(diff: Any) -> str:
+    """The page of ``env diff --html``: the terminal's first line, the ranked table, the closing sentence."""
+    from ._html.reports import env_diff_report
+    from ._render import render_env_diff
+
+    head = render_env_diff(diff).splitlines()[0]
+    return env_diff_report(diff.to_json(), a=str(diff.a), b=str(diff.b), headline=head,
+                           conclusion=_BREAKS.format(summary=diff.summary()) if diff.breaks_bitwise else None)
 

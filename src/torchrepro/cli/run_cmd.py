@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..control._seeds import validate_seed
-from ..record.launcher import CommandError, LaunchOptions, launch, ranks_command
+from ..control._settings import SETTING_NAMES, setting, without
+from ..record.launcher import CommandError, LaunchOptions, launch, parse_torchrun, ranks_command
+from ._usage import COMMAND_TAIL, set_usage
 
 
 def seed_arg(text: str) -> int:
@@ -63,10 +66,50 @@ def runs_arg(text: str) -> int:
     return value
 
 
+def settings_arg(text: str) -> list[str]:
+    """A comma-separated list of deterministic-mode settings (``--deterministic-except``)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    try:
+        if not names:
+            raise ValueError("an empty list")
+        return [setting(n).name for n in dict.fromkeys(names)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; expected a comma-separated list of: "
+                                         f"{', '.join(SETTING_NAMES)}") from None
+
+
+def determinism_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--deterministic`` / ``--deterministic-except LIST`` as the LaunchOptions fields ``deterministic`` and
+    ``determinism`` (keyword arguments of ``torchrepro.deterministic``)."""
+    left_out = getattr(args, "deterministic_except", None)
+    if left_out:
+        return {"deterministic": True, "determinism": without(left_out)}
+    return {"deterministic": bool(args.deterministic), "determinism": {}}
+
+
+def node_failure(record: str, nnodes: int, node: object) -> str:
+    """What failed on node ``node`` of a run of several nodes, from its manifest (``DIR/nodeN/manifest.json``)."""
+    from ..record.launcher import read_summary
+
+    doc = read_summary(Path(record) / f"node{node}" / "manifest.json") if isinstance(node, int) else {}
+    found = doc.get("rank_status")
+    statuses: dict[str, Any] = found if isinstance(found, dict) else {}
+    ranks = ", ".join(f"{name} {info.get('status')} (exit code {info.get('exit_code')})"
+                      for name, info in statuses.items() if isinstance(info, dict)) or "no rank recorded"
+    return (f"torchrepro run: node {node} of {nnodes} {doc.get('status', 'failed')}: {ranks}. A rank that waits for a "
+            "rank of another node that died fails at its next collective (torchrepro's own keep their time limit, "
+            "TORCHREPRO_DIST_TIMEOUT); look at every node's output for the first error. This node's recording: "
+            f"{record}.")
+
+
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before the script starts")
     p.add_argument("--deterministic", action="store_true",
                    help="switch deterministic mode on (flags + CUBLAS_WORKSPACE_CONFIG) before the script starts")
+    p.add_argument("--deterministic-except", type=settings_arg, metavar="LIST",
+                   help="deterministic mode without these settings (comma-separated: "
+                        f"{', '.join(SETTING_NAMES)}); `torchrepro bench --explain` finds the cheapest set that is "
+                        "still bitwise reproducible")
     p.add_argument("--max-steps", type=positive_int, metavar="K", help="end the script cleanly after K steps")
     p.add_argument("--values-budget", type=size_arg, metavar="SIZE",
                    help="disk for parameter value snapshots per run (e.g. 4G; default 1G, the initial and final "
@@ -79,9 +122,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording",
-                       usage="torchrepro run [--record DIR] [--seed S] [--deterministic] [--max-steps K] "
-                             "[--nproc-per-node P] -- python train.py [ARGS]")
+    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording")
     p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
     p.add_argument("--keep-values", action="store_true",
                    help="also save parameter values per step (needed for max |Δ weight|)")
@@ -91,6 +132,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the run's manifest as one JSON document on stdout (the script's stdout goes to stderr)")
     add_launch_options(p)
+    set_usage(p, "torchrepro run", COMMAND_TAIL)
     p.set_defaults(handler=run, accepts_command=True)
 
 
@@ -101,12 +143,24 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_steps is not None and not args.record:
         raise CommandError("--trace-steps keeps the op trace in the run directory, so it needs --record DIR: "
                            "`torchrepro run --record DIR --trace-steps N -- python train.py`.")
-    command, nproc = ranks_command(args.user_command, args.nproc_per_node)
-    opts = LaunchOptions(record=args.record, seed=args.seed, deterministic=args.deterministic,
+    spec = parse_torchrun(args.user_command)
+    nodes: dict[str, Any] = {}
+    if spec is not None and spec.nnodes > 1:  # one node of several: its rendezvous options go on to torchrun
+        if args.nproc_per_node is not None and args.nproc_per_node != spec.nproc_per_node:
+            raise CommandError(f"--nproc-per-node {args.nproc_per_node} disagrees with the torchrun command's "
+                               f"--nproc-per-node {spec.nproc_per_node}; give the number of ranks once.")
+        command, nproc = spec.python_command, spec.nproc_per_node  # type: list[str], int | None
+        nodes = {"nnodes": spec.nnodes, "node_rank": spec.node_rank, "rendezvous": list(spec.rendezvous),
+                 "static_ranks": spec.static}
+    else:
+        command, nproc = ranks_command(args.user_command, args.nproc_per_node)
+    opts = LaunchOptions(record=args.record, seed=args.seed, **determinism_options(args), **nodes,
                          max_steps=args.max_steps, keep_values=args.keep_values, values_budget=args.values_budget,
                          trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None,
                          nproc_per_node=nproc)
     result = launch(command, opts, stdout=sys.stderr if args.json else None)
+    if opts.nnodes > 1 and args.record and result.status not in ("ok", "stopped-at-max-steps"):
+        print(node_failure(args.record, opts.nnodes, (result.manifest or {}).get("node")), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(result.manifest if result.manifest is not None else
                          {"command": args.user_command, "exit_code": result.returncode, "status": result.status},

@@ -21,6 +21,7 @@ from ..measure.variance import GroupStats, VarianceReport, analyze_variance
 from ..record.launcher import LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
+from ._usage import COMMAND_TAIL, set_usage
 from .run_cmd import positive_int, seed_arg
 
 OWN_FILES = {"variance.json", "variance.png", "variance.txt"}
@@ -35,9 +36,7 @@ def two_or_more(text: str) -> int:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("variance", help="same-seed nondeterminism vs seed-to-seed spread, and the smallest "
-                                        "difference two configurations can show",
-                       usage="torchrepro variance [--runs N] [--seeds M] [--metric NAME] [--deterministic] [--json] "
-                             "[--out DIR] -- python train.py [ARGS]")
+                                        "difference two configurations can show")
     p.add_argument("--runs", type=two_or_more, default=5, metavar="N", help="runs with one seed (default 5)")
     p.add_argument("--seeds", type=two_or_more, default=5, metavar="M", help="runs with different seeds (default 5)")
     p.add_argument("--seed", type=seed_arg, default=0, help="the seed of the same-seed runs; the others are derived "
@@ -51,6 +50,7 @@ def add_parser(sub: Any) -> None:
                    help="output directory (default: a new torchrepro-runs/variance-TIMESTAMP-PID)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="the training command; everything from the script on belongs to the script")
+    set_usage(p, "torchrepro variance", COMMAND_TAIL)
     p.set_defaults(handler=run, accepts_command=True)
 
 

@@ -1,4 +1,4 @@
-"""Seed values without any RNG (layer L0): validation, the environment seed, and derived seeds.
+"""Seed values without any RNG: validation, the environment seed, and derived seeds.
 
 Standard library only, so that light entry points (the pytest plugin, the lint command) can use them without
 importing torch. :mod:`torchrepro.control.seeding` re-exports everything here.

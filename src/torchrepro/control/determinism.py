@@ -1,4 +1,4 @@
-"""Deterministic mode as a call, a context manager and a decorator (layer L1).
+"""Deterministic mode as a call, a context manager and a decorator.
 
 Example:
     >>> import torch, torchrepro
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .._core.compat import fill_uninitialized_memory_get, fill_uninitialized_mem
 from .._core.errors import ReproWarning
 
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
+INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"  # read by torch._inductor.config when it is first imported
+_INDUCTOR_CONFIG = "torch._inductor.config"
 _VALID_CUBLAS = (":4096:8", ":16:8")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,6 +42,7 @@ class DeterminismConfig:
     cudnn_benchmark: bool = False
     cublas_workspace_config: str | None = None
     fill_uninitialized_memory: bool | None = None
+    inductor_deterministic: bool | None = None
 
     @property
     def is_deterministic(self) -> bool:
@@ -58,7 +62,28 @@ def current_config() -> DeterminismConfig:
         cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
         cublas_workspace_config=os.environ.get(CUBLAS_ENV),
         fill_uninitialized_memory=fill_uninitialized_memory_get(),
+        inductor_deterministic=_inductor_get(),
     )
+
+
+def _inductor_get() -> bool:
+    """``torch._inductor.config.deterministic``; before inductor is imported, what it will read from the env."""
+    config = sys.modules.get(_INDUCTOR_CONFIG)
+    if config is not None and hasattr(config, "deterministic"):
+        return bool(config.deterministic)
+    return os.environ.get(INDUCTOR_ENV) == "1"
+
+
+def _inductor_set(on: bool) -> None:
+    """Inductor's deterministic mode (no on-device autotuning). Importing inductor takes seconds, so before it is
+    imported the setting goes into the variable it reads at import (``TORCHINDUCTOR_DETERMINISTIC``)."""
+    config: Any = sys.modules.get(_INDUCTOR_CONFIG)
+    if config is not None and hasattr(config, "deterministic"):
+        config.deterministic = on
+    if on:
+        os.environ[INDUCTOR_ENV] = "1"
+    else:
+        os.environ.pop(INDUCTOR_ENV, None)
 
 
 def apply_config(config: DeterminismConfig) -> None:
@@ -72,6 +97,8 @@ def apply_config(config: DeterminismConfig) -> None:
         os.environ[CUBLAS_ENV] = config.cublas_workspace_config
     if config.fill_uninitialized_memory is not None:
         fill_uninitialized_memory_set(config.fill_uninitialized_memory)
+    if config.inductor_deterministic is not None:
+        _inductor_set(config.inductor_deterministic)
 
 
 def _cuda_initialized() -> bool:
@@ -85,10 +112,28 @@ class deterministic:  # noqa: N801 - reads as a function at call sites
     * context: ``with torchrepro.deterministic(): ...`` restores every flag and env var on exit.
     * decorator: ``@torchrepro.deterministic()`` applies it around each call of the function only.
 
-    It sets ``torch.use_deterministic_algorithms(enabled, warn_only=...)``, ``cudnn.deterministic``,
-    ``cudnn.benchmark = False``, ``CUBLAS_WORKSPACE_CONFIG`` (``None`` leaves it alone) and the
-    uninitialized-memory fill. ``enabled=False`` switches deterministic algorithms and cuDNN determinism off.
-    The setting now in force is ``self.config``; the one it replaced is ``self.previous``.
+    By default it switches on every setting below; each keyword turns one of them off, for the cheapest
+    configuration that is still bitwise reproducible (``torchrepro bench --explain`` measures what each costs and
+    verifies the cheapest one with a check). What each gives up when turned off:
+
+    * ``use_deterministic_algorithms=False``: ``torch.use_deterministic_algorithms`` stays off, so ops with a
+      nondeterministic kernel (``index_add_``, ``scatter_add_``, ``index_put_(accumulate=True)`` on CUDA,
+      atomics-based backward passes) may give different bits run to run, and none raises. The uninitialized-memory
+      fill acts only under deterministic algorithms, so it goes too.
+    * ``fill_uninitialized_memory=False``: ``torch.empty`` and other uninitialised outputs are not filled (with NaN,
+      or the largest integer). A script that reads memory it never wrote may then differ run to run; one that
+      does not loses nothing. On CPU this fill is most of deterministic mode's cost.
+    * ``cudnn_deterministic=False``: cuDNN may pick nondeterministic convolution algorithms (CUDA only).
+    * ``cudnn_benchmark=True``: cuDNN autotunes, and the algorithm it times fastest can differ between runs
+      (CUDA only).
+    * ``cublas_workspace=None``: ``CUBLAS_WORKSPACE_CONFIG`` is left as it is; unset, cuBLAS matmuls may split their
+      reductions differently run to run on CUDA >= 10.2 (CUDA only; it must be set before CUDA starts).
+    * ``inductor=False``: inductor's deterministic mode stays off, so ``torch.compile`` may autotune kernels on the
+      device and pick different ones between runs (only for compiled code).
+
+    ``warn_only=True`` makes ops without a deterministic kernel warn instead of raise. ``enabled=False`` switches
+    deterministic algorithms and cuDNN determinism off. The setting now in force is ``self.config``; the one it
+    replaced is ``self.previous``.
     """
 
     def __init__(
@@ -98,9 +143,17 @@ class deterministic:  # noqa: N801 - reads as a function at call sites
         warn_only: bool = False,
         cublas_workspace: str | None = ":4096:8",
         fill_uninitialized_memory: bool = True,
+        use_deterministic_algorithms: bool = True,
+        cudnn_deterministic: bool = True,
+        cudnn_benchmark: bool = False,
+        inductor: bool = True,
     ) -> None:
-        if not isinstance(enabled, bool):
-            raise TypeError(f"enabled must be a bool, got {enabled!r}")
+        flags = {"enabled": enabled, "warn_only": warn_only, "fill_uninitialized_memory": fill_uninitialized_memory,
+                 "use_deterministic_algorithms": use_deterministic_algorithms,
+                 "cudnn_deterministic": cudnn_deterministic, "cudnn_benchmark": cudnn_benchmark, "inductor": inductor}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
         if cublas_workspace is not None and cublas_workspace not in _VALID_CUBLAS:
             raise ValueError(
                 f"cublas_workspace must be one of {_VALID_CUBLAS} or None, got {cublas_workspace!r}."
@@ -109,12 +162,14 @@ class deterministic:  # noqa: N801 - reads as a function at call sites
         env = self.previous.cublas_workspace_config
         if enabled:
             self.config = DeterminismConfig(
-                use_deterministic_algorithms=True,
-                warn_only=warn_only,
-                cudnn_deterministic=True,
-                cudnn_benchmark=False,
+                use_deterministic_algorithms=use_deterministic_algorithms,
+                warn_only=warn_only and use_deterministic_algorithms,
+                cudnn_deterministic=cudnn_deterministic,
+                cudnn_benchmark=cudnn_benchmark,
                 cublas_workspace_config=cublas_workspace if cublas_workspace is not None else env,
-                fill_uninitialized_memory=fill_uninitialized_memory,
+                fill_uninitialized_memory=(fill_uninitialized_memory if use_deterministic_algorithms
+                                           else self.previous.fill_uninitialized_memory),
+                inductor_deterministic=inductor,
             )
         else:
             self.config = DeterminismConfig(
@@ -124,6 +179,7 @@ class deterministic:  # noqa: N801 - reads as a function at call sites
                 cudnn_benchmark=self.previous.cudnn_benchmark,
                 cublas_workspace_config=env,
                 fill_uninitialized_memory=self.previous.fill_uninitialized_memory,
+                inductor_deterministic=False,
             )
         self._warn_if_too_late()
         apply_config(self.config)
@@ -169,3 +225,12 @@ class deterministic:  # noqa: N801 - reads as a function at call sites
 
     def __repr__(self) -> str:
         return f"deterministic(config={self.config!r})"
+
+
+# the table of settings lives in _settings (no torch: the CLI builds its options from it); re-exported here
+from ._settings import SETTING_NAMES as SETTING_NAMES  # noqa: E402
+from ._settings import SETTINGS as SETTINGS  # noqa: E402
+from ._settings import Setting as Setting  # noqa: E402
+from ._settings import call_text as call_text  # noqa: E402
+from ._settings import setting as setting  # noqa: E402
+from ._settings import without as without  # noqa: E402

@@ -1,4 +1,4 @@
-"""Scoped determinism: a per-op policy and ``mark_deterministic`` for modules and functions (layer L1).
+"""Scoped determinism: a per-op policy and ``mark_deterministic`` for modules and functions.
 
 PyTorch has one process-wide switch, ``torch.use_deterministic_algorithms``. A :class:`DeterminismPolicy` turns it
 on and then decides per ATen op (by glob pattern or tier) what happens to an op that has no deterministic kernel:
@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -273,10 +273,10 @@ def _check_action(action: Any, where: str) -> str:
     if action not in ACTIONS:
         raise ValueError(f"{where}: got action {action!r}, expected one of {ACTIONS}. 'error' raises "
                          "NondeterministicOpError, 'warn' warns and runs the op, 'allow' runs it and records it.")
-    return action
+    return cast(str, action)
 
 
-def _device_of(args: tuple, kwargs: dict) -> str:
+def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     flat, _ = tree_flatten((args, kwargs))
     for x in flat:
         if isinstance(x, torch.Tensor):
@@ -345,7 +345,7 @@ class DeterminismPolicy:
         node = torch._C._current_autograd_node()
         node_name = node.name() if node is not None else ""
         if node is not None:  # a backward op: point to the forward call that created its node
-            site = node.metadata.get(_SITE_KEY)
+            site = node.metadata.get(_SITE_KEY)  # type: ignore[attr-defined]  # a dict (torch's stub: a method)
             if site is not None:
                 line, module = site[0], module_path(site[1])
         key = (op, action, line, module)
@@ -388,13 +388,13 @@ class DeterminismPolicy:
     def _entries(self) -> list[ExitStack]:
         if not hasattr(self._local, "entries"):
             self._local.entries = []
-        return self._local.entries
+        return cast(list[ExitStack], self._local.entries)
 
     def _leave_scope(self) -> None:
         if _SCOPES.stack and _SCOPES.stack[-1] is self:
             _SCOPES.stack.pop()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self._entries().pop().__exit__(*exc)
 
     def __call__(self, func: F) -> F:
@@ -417,13 +417,14 @@ class _SiteMode(TorchFunctionMode):
     """Notes on each new autograd node the user's line and module that created it (in ``node.metadata``, so the
     note lives exactly as long as the node), for naming backward ops by their forward call."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if torch.is_grad_enabled():
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 node = t.grad_fn if isinstance(t, torch.Tensor) else None
-                if node is not None and _SITE_KEY not in node.metadata:
-                    node.metadata[_SITE_KEY] = (user_line(), tuple(_SCOPES.modules))  # path named if needed
+                if node is not None and _SITE_KEY not in node.metadata:  # type: ignore[operator]
+                    node.metadata[_SITE_KEY] = (user_line(), tuple(_SCOPES.modules))  # type: ignore[index]
         return out
 
 
@@ -431,10 +432,11 @@ class _PolicyMode(TorchDispatchMode):
     """Sees every ATen op in the policy's scope (forward and backward) and applies the policy."""
 
     def __init__(self, policy: DeterminismPolicy) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.policy = policy
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = registry.normalize_op(func)
         stack = _SCOPES.stack
@@ -465,7 +467,7 @@ class _PolicyMode(TorchDispatchMode):
         return self._run(func, args, kwargs, (False, False))
 
     @staticmethod
-    def _run(func: Any, args: tuple, kwargs: dict, flags: tuple[bool, bool] | None) -> Any:
+    def _run(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flags: tuple[bool, bool] | None) -> Any:
         _SCOPES.handling += 1
         try:
             if flags is None:
@@ -488,12 +490,12 @@ class _Region(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, box: dict, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, box: dict[str, Any], *inputs: torch.Tensor) -> Any:
         ctx.box = box
         return tuple(o.detach() for o in box["outputs"])
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         box = ctx.box
         if torch.is_grad_enabled():  # backward(create_graph=True): second-order terms would miss the real leaves
             raise RuntimeError("Double backward (create_graph=True) through a mark_deterministic region is not "
@@ -521,7 +523,9 @@ class _Region(torch.autograd.Function):
 def _swap_parameters(module: torch.nn.Module) -> tuple[list[tuple[Any, str, Any]], list[torch.Tensor],
                                                              list[torch.Tensor]]:
     """Replace each trainable parameter by a detached leaf for the region's forward; returns what to restore."""
-    swapped, originals, leaves = [], [], []
+    swapped: list[tuple[Any, str, Any]] = []
+    originals: list[torch.Tensor] = []
+    leaves: list[torch.Tensor] = []
     memo: dict[int, torch.Tensor] = {}
     for mod in module.modules():
         for name, p in list(mod._parameters.items()):
@@ -532,11 +536,11 @@ def _swap_parameters(module: torch.nn.Module) -> tuple[list[tuple[Any, str, Any]
                 originals.append(p)
                 leaves.append(memo[id(p)])
             swapped.append((mod, name, p))
-            mod._parameters[name] = memo[id(p)]
+            mod._parameters[name] = memo[id(p)]  # type: ignore[assignment]  # a leaf tensor in place of the Parameter
     return swapped, originals, leaves
 
 
-def _run_marked(func: Callable[..., Any], level: str, args: tuple, kwargs: dict,
+def _run_marked(func: Callable[..., Any], level: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                 module: torch.nn.Module | None) -> Any:
     if not torch.is_grad_enabled():
         with _level_scope(level):
@@ -560,7 +564,7 @@ def _run_marked(func: Callable[..., Any], level: str, args: tuple, kwargs: dict,
     if not out_positions:
         return out
     box = {"level": level, "outputs": [out_flat[i] for i in out_positions], "leaves": inner_inputs + param_leaves}
-    results = _Region.apply(box, *outer_inputs, *originals)
+    results = _Region.apply(box, *outer_inputs, *originals)  # type: ignore[no-untyped-call]
     for i, r in zip(out_positions, results):
         out_flat[i] = r
     return tree_unflatten(out_flat, out_spec)
@@ -585,7 +589,7 @@ def _check_level(level: Any) -> str:
     if level not in LEVELS:
         raise ValueError(f"mark_deterministic(level={level!r}): expected one of {tuple(reversed(LEVELS))}. "
                          "'strict' raises on nondeterministic ops, 'warn' warns, 'off' allows them.")
-    return level
+    return cast(str, level)
 
 
 def mark_deterministic(target: Any = None, *, level: str = "strict") -> Any:
@@ -610,7 +614,7 @@ def mark_deterministic(target: Any = None, *, level: str = "strict") -> Any:
     if target is None:
         return functools.partial(mark_deterministic, level=level)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
-        target.forward = _marked_forward(target.forward, level)  # type: ignore[method-assign]
+        target.forward = _marked_forward(target.forward, level)
         return target
     if isinstance(target, torch.nn.Module):
         # A subclass made once per (class, level): the mark survives copy.deepcopy and binds to the copy.

@@ -1,4 +1,4 @@
-"""Capture, restore, save and load every RNG state (layer L1).
+"""Capture, restore, save and load every RNG state.
 
 File format (``save_rng_state``): one UTF-8 JSON document, no pickle::
 
@@ -32,13 +32,14 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .._core.compat import np
 from .._core.errors import DeviceMismatchError, MissingGeneratorError, StateFileError
 from .._core.io import atomic_write_bytes
+from .._core.readjson import read_bytes
 
 FORMAT = "torchrepro.rng-state"
 VERSION = 1
@@ -113,7 +114,7 @@ def _check_words(words: Any, field: str) -> list[int]:
 def _check_index(value: Any, field: str) -> int:
     if not _is_int(value) or not 0 <= value <= _MT_WORDS:
         raise ValueError(f"field {field!r} is {value!r}, expected an integer in [0, {_MT_WORDS}]")
-    return value
+    return cast(int, value)
 
 
 def _python_state(value: Any) -> tuple[int, tuple[int, ...], float | None]:
@@ -315,6 +316,7 @@ class RNGState:
         gens = {**_registry, **(generators or {})}
         python, numpy_state = self._validate(gens, source)
         random.setstate(python)
+        s: Any
         if numpy_state is not None:
             s = numpy_state
             np.random.set_state((s["name"], np.asarray(s["key"], dtype=np.uint32), s["pos"],
@@ -385,21 +387,20 @@ def save_rng_state(path: str | Path, state: RNGState | None = None) -> RNGState:
 def read_rng_state(path: str | Path) -> RNGState:
     """Read and validate a file written by :func:`save_rng_state` without restoring it."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise StateFileError(path, "does not exist.", "Check the path, or create it with save_rng_state().") from None
-    except IsADirectoryError:
+    if path.is_dir():
         raise StateFileError(path, "is a directory, not an RNG state file.",
-                             "Pass the path of a file written by save_rng_state().") from None
-    except OSError as exc:
-        raise StateFileError(path, f"cannot be read ({exc.strerror or exc}).",
-                             "Check the file's permissions, or pass another file.") from None
+                             "Pass the path of a file written by save_rng_state().")
+    # Untrusted input: a regular file only (a FIFO would block, /dev/zero never end), of bounded size.
+    raw = read_bytes(path, error=StateFileError, action="Check the path, or create it with save_rng_state().")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateFileError(path, f"is not a torchrepro RNG state file (not valid JSON: {exc}); it may be "
                              "truncated or of another format.", "Re-create it with save_rng_state().") from None
+    except (RecursionError, ValueError) as exc:  # nested too deeply; an integer of more digits than int() reads
+        why = "it is nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise StateFileError(path, f"is not a torchrepro RNG state file (its JSON cannot be read: {why}).",
+                             "Re-create it with save_rng_state().") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise StateFileError(path, f"has format {got!r}, expected {FORMAT!r}.",

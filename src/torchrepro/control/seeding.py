@@ -1,4 +1,4 @@
-"""Seeding every random-number source in one call (layer L1).
+"""Seeding every random-number source in one call.
 
 Example:
     >>> import torchrepro
@@ -23,6 +23,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .._core.compat import accelerator_modules, np
 from .._core.errors import InvalidSeedError, ReproWarning
@@ -181,7 +182,7 @@ class _RankSwitch:
         self.armed_seed = armed_seed
         self.target_seed = target_seed
         self.state = "pending"
-        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._fire)
+        self._handle: RemovableHandle | None = torch.nn.modules.module.register_module_forward_pre_hook(self._fire)
 
     def _fire(self, module: Any, args: Any) -> None:
         self.cancel()

@@ -1,4 +1,4 @@
-"""Distributed training: rank-aware seeds, RNG synchronisation and cross-rank consistency checks (layer L1).
+"""Distributed training: rank-aware seeds, RNG synchronisation and cross-rank consistency checks.
 
 Everything here runs on ``torch.distributed`` as the program set it up (gloo on CPU, NCCL on CUDA, launched
 with ``torchrun``); torchrepro starts no process group and no transport of its own. Every collective it runs

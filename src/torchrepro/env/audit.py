@@ -1,4 +1,4 @@
-"""The reproducibility checklist, evaluated on a live process or on a script at its first step (layer L3).
+"""The reproducibility checklist, evaluated on a live process or on a script at its first step.
 
 The checklist follows the areas where reproducibility is usually lost: RNG seeds, DataLoader workers, the
 choice of cuDNN/cuBLAS algorithms, collective communication, mixed precision, and the hardware. Each item
@@ -302,47 +302,69 @@ def _hardware(f: Facts) -> Verdict:
 
 @dataclass(frozen=True)
 class Check:
-    """One checklist row: its id, area, what it asks for, how it is judged, and the usual fix."""
+    """One checklist row: its id, area, how it is judged, the usual fix, and its title for each outcome.
+
+    The title states what was found, so a row reads right at a glance: ``title`` when the check passes,
+    ``problem`` when it is a finding (advice or threat), ``unknown`` when it cannot be judged here (info).
+    """
 
     id: str
     area: str
     title: str
     judge: Callable[[Facts], Verdict]
     fix: str
+    problem: str = ""
+    unknown: str = ""
+
+    def title_for(self, severity: str) -> str:
+        if severity in FINDINGS:
+            return self.problem or self.title
+        return (self.unknown or self.title) if severity == INFO else self.title
 
 
 CHECKS: tuple[Check, ...] = (
     Check("rng-seeds", "RNG seeds", "every random-number generator seeded", _seeds,
           "Call torchrepro.seed_everything(SEED) at the top of the script, or run it with "
-          "`torchrepro run --seed SEED -- python train.py`."),
+          "`torchrepro run --seed SEED -- python train.py`.",
+          problem="random-number generators not seeded", unknown="seeding not visible from here"),
     Check("pythonhashseed", "RNG seeds", "PYTHONHASHSEED fixed at launch", _pythonhashseed,
           "Launch with PYTHONHASHSEED=0 (`PYTHONHASHSEED=0 python train.py`; setting it inside the script is "
-          "too late), or launch through `torchrepro run`."),
+          "too late), or launch through `torchrepro run`.", problem="PYTHONHASHSEED not fixed at launch"),
     Check("dataloader-workers", "DataLoader workers", "shuffling and worker seeds reproducible", _dataloaders,
           "Seed torch before building loaders, or pass generator=torchrepro.make_generator(SEED); add "
-          "worker_init_fn=torchrepro.seed_worker so every library's RNG in the workers is seeded."),
+          "worker_init_fn=torchrepro.seed_worker so every library's RNG in the workers is seeded.",
+          problem="shuffling and worker seeds from an unseeded RNG", unknown="DataLoaders not visible from here"),
     Check("deterministic-mode", "cuDNN/cuBLAS algorithm choice", "deterministic algorithms on",
           _deterministic_mode, "Call torchrepro.deterministic() before training, or run with "
-          "`torchrepro run --deterministic -- python train.py`."),
+          "`torchrepro run --deterministic -- python train.py`.",
+          problem="deterministic algorithms off (or warn-only)"),
     Check("cudnn-benchmark", "cuDNN/cuBLAS algorithm choice", "cuDNN autotuning off", _cudnn_benchmark,
-          "Set torch.backends.cudnn.benchmark = False (torchrepro.deterministic() does)."),
-    Check("cublas-workspace", "cuDNN/cuBLAS algorithm choice", "CUBLAS_WORKSPACE_CONFIG set before CUDA starts",
+          "Set torch.backends.cudnn.benchmark = False (torchrepro.deterministic() does).",
+          problem="cuDNN autotuning on"),
+    Check("cublas-workspace", "cuDNN/cuBLAS algorithm choice", "CUBLAS_WORKSPACE_CONFIG as cuBLAS needs it",
           _cublas_workspace, "Export CUBLAS_WORKSPACE_CONFIG=:4096:8 before launching "
-          "(`torchrepro run --deterministic` does), not inside the script after CUDA work."),
+          "(`torchrepro run --deterministic` does), not inside the script after CUDA work.",
+          problem="CUBLAS_WORKSPACE_CONFIG missing, invalid or set too late",
+          unknown="CUBLAS_WORKSPACE_CONFIG set after CUDA started"),
     Check("cuda-launch-blocking", "cuDNN/cuBLAS algorithm choice", "no CUDA_LAUNCH_BLOCKING for determinism",
           _cuda_launch_blocking, "Unset CUDA_LAUNCH_BLOCKING (keep it only to debug where a CUDA error is "
-          "raised); use torchrepro.deterministic() for determinism."),
+          "raised); use torchrepro.deterministic() for determinism.",
+          problem="CUDA_LAUNCH_BLOCKING set (slow, and not a determinism measure)"),
     Check("nccl", "collective communication", "all-reduce order the same in runs you compare", _nccl,
           "Keep NCCL_ALGO/NCCL_PROTO/channel settings identical in every run you compare "
-          "(`torchrepro env diff` shows them), or unset them everywhere."),
+          "(`torchrepro env diff` shows them), or unset them everywhere.",
+          problem="NCCL settings that change the all-reduce order",
+          unknown="all-reduce order depends on this machine's topology"),
     Check("tf32", "mixed precision", "float32 math in float32 (no TF32)", _tf32,
           "torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False; "
-          "torch.set_float32_matmul_precision('highest') - or compare only runs on the same GPU model."),
-    Check("mixed-precision", "mixed precision", "autocast and GradScaler use known", _mixed_precision,
-          "Compare mixed-precision runs with tolerances across GPU models; bitwise only on the same model."),
+          "torch.set_float32_matmul_precision('highest') - or compare only runs on the same GPU model.",
+          problem="TF32 on: float32 math rounded to TF32"),
+    Check("mixed-precision", "mixed precision", "no autocast or GradScaler", _mixed_precision,
+          "Compare mixed-precision runs with tolerances across GPU models; bitwise only on the same model.",
+          unknown="autocast or GradScaler in use"),
     Check("hardware", "hardware", "same hardware for runs you compare", _hardware,
           "Keep `torchrepro env -o env.json` with your results and compare machines with "
-          "`torchrepro env diff A B`."),
+          "`torchrepro env diff A B`.", unknown="bitwise equality only on the same hardware"),
 )
 
 
@@ -351,7 +373,7 @@ def evaluate(facts: Facts) -> list[AuditItem]:
     items = []
     for check in CHECKS:
         severity, state, fix = check.judge(facts)
-        items.append(AuditItem(check.id, check.area, check.title, severity, state,
+        items.append(AuditItem(check.id, check.area, check.title_for(severity), severity, state,
                                (fix or check.fix) if severity != OK else None))
     return items
 

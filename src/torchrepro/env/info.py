@@ -1,4 +1,4 @@
-"""The environment fingerprint: every fact of this process and machine that can change numerics (layer L2).
+"""The environment fingerprint: every fact of this process and machine that can change numerics.
 
 :func:`environment` collects, in well under a second without CUDA and without starting a subprocess other than
 ``git`` (only inside a git checkout, with a timeout): Python; torch's version and build; CUDA runtime, driver,
@@ -10,16 +10,17 @@ are left out unless ``include_host=True``.
 
 A CUDA field that cannot be read here (no GPU, a CPU-only build) holds :data:`NOT_AVAILABLE`.
 
->>> env = environment()                                  # doctest: +SKIP
+>>> env = environment()
 >>> env.torch, env.threads["intra_op"]                   # doctest: +SKIP
 ('2.13.0', 2)
->>> Environment.from_json(env.to_json()) == env          # doctest: +SKIP
+>>> Environment.from_json(env.to_json()) == env
 True
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import importlib.metadata
@@ -94,7 +95,7 @@ def device_kind() -> str:
         return "cuda"
     for name in ("xpu", "mps"):
         mod = getattr(torch, name, None)
-        if mod is not None and _safe(mod.is_available, False):
+        if mod is not None and _safe(getattr(mod, "is_available", lambda: False), False):  # not in torch 2.1's mps
             return name
     return "cpu"
 
@@ -164,10 +165,10 @@ def _accelerators() -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for kind in ("cuda", "xpu"):
         mod = getattr(torch, kind, None)
-        if mod is None or not _safe(mod.is_available, False):
+        if mod is None or not _safe(getattr(mod, "is_available", lambda: False), False):
             continue
         for i in range(_safe(mod.device_count, 0)):
-            props = _safe(lambda m=mod, i=i: m.get_device_properties(i), None)
+            props = _safe(lambda m=mod, i=i: m.get_device_properties(i), None)  # type: ignore[misc]
             major, minor = getattr(props, "major", None), getattr(props, "minor", None)
             found.append({"type": kind, "index": i, "name": getattr(props, "name", NOT_AVAILABLE),
                           "capability": f"{major}.{minor}" if major is not None else NOT_AVAILABLE,
@@ -260,13 +261,37 @@ def _backends() -> dict[str, Any]:
     return {"cudnn_enabled": bool(torch.backends.cudnn.enabled),
             "mkldnn_enabled": bool(_safe(lambda: torch.backends.mkldnn.enabled, False)),
             "sdpa_flash": _safe(cuda.flash_sdp_enabled), "sdpa_mem_efficient": _safe(cuda.mem_efficient_sdp_enabled),
-            "sdpa_math": _safe(cuda.math_sdp_enabled), "sdpa_cudnn": _safe(cuda.cudnn_sdp_enabled)}
+            "sdpa_math": _safe(cuda.math_sdp_enabled), "sdpa_cudnn": _safe(lambda: cuda.cudnn_sdp_enabled())}  # 2.2+
+
+
+def _resolved_precision(*levels: Any) -> str | None:
+    """The first ``fp32_precision`` that is not ``"none"`` (``"none"`` inherits the next level), or None."""
+    for level in levels:
+        value = _safe(functools.partial(getattr, level, "fp32_precision"), None)
+        if isinstance(value, str) and value != "none":
+            return value
+    return None
+
+
+def _tf32_allowed(legacy: Callable[[], Any], *levels: Any) -> bool:
+    """Whether TF32 is allowed, read without failing whichever of PyTorch's two TF32 APIs the script used.
+
+    The legacy getter (``torch.backends.cudnn.allow_tf32``) raises on torch >= 2.9 once the new
+    ``fp32_precision`` API has set an op's precision (a "mix of the legacy and new APIs"), so it is read only
+    while it answers; otherwise the answer is derived from the new API: ``"tf32"`` on any op level means allowed.
+    """
+    try:
+        return bool(legacy())
+    except RuntimeError:
+        return any(_resolved_precision(*chain) == "tf32" for chain in levels)
 
 
 def _precision() -> dict[str, Any]:
-    matmul = torch.backends.cuda.matmul
-    return {"cuda_matmul_allow_tf32": bool(matmul.allow_tf32),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    conv, rnn = getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None)
+    root = torch.backends
+    return {"cuda_matmul_allow_tf32": _tf32_allowed(lambda: matmul.allow_tf32, (matmul, root)),
+            "cudnn_allow_tf32": _tf32_allowed(lambda: cudnn.allow_tf32, (conv, cudnn, root), (rnn, cudnn, root)),
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "cuda_matmul_fp32_precision": _safe(lambda: matmul.fp32_precision),
             "cudnn_fp32_precision": _safe(lambda: torch.backends.cudnn.fp32_precision),
@@ -420,7 +445,7 @@ class Environment:
         if problems:
             raise EnvFileError(source, f"is not a complete environment ({'; '.join(problems)}): it is truncated "
                                "or was edited.", action)
-        return cls(**{f.name: doc.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: doc.get(f.name) for f in fields(cls)})  # type: ignore[arg-type]
 
 
 # The JSON type of each field, checked by Environment.from_json.
@@ -503,7 +528,7 @@ class ScriptProbe:
                     self.autocast.append({"device": str(getattr(ctx, "device", "?")),
                                           "dtype": str(getattr(ctx, "fast_dtype", "?")).removeprefix("torch."),
                                           "enabled": bool(getattr(ctx, "_enabled", True))})
-            return enter(ctx)
+            return enter(ctx)  # type: ignore[no-untyped-call]
 
         torch.autocast.__enter__ = autocast_enter  # type: ignore[method-assign]
         sys.addaudithook(self._audit_hook)
@@ -524,7 +549,7 @@ class ScriptProbe:
 
     @staticmethod
     def _wrap_init(cls: type, record: Callable[..., None]) -> None:
-        original = cls.__init__
+        original = cls.__init__  # type: ignore[misc]
 
         def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - replaces __init__
             original(obj, *args, **kwargs)

@@ -9,9 +9,10 @@ imports torch; see docs/lint.md for what that costs and how the engine is used w
 ['TR101']
 
 Layout: :mod:`.engine` (files -> diagnostics, suppressions), :mod:`.config` (pyproject and selection),
-:mod:`.files` (discovery, gitignore), :mod:`.module` and :mod:`.flow` (facts about a module, and what a
-program does in order), :mod:`.knowledge` (library APIs as tables), :mod:`.rules` (one module per family),
-:mod:`.formats` (text, json, github, sarif).
+:mod:`.files` (discovery, gitignore), :mod:`.globs` (gitignore patterns, matched as git matches them),
+:mod:`.reading` (regular files only, size-limited, never blocking), :mod:`.module` and :mod:`.flow` (facts
+about a module, and what a program does in order), :mod:`.knowledge` (library APIs as tables), :mod:`.rules`
+(one module per family), :mod:`.formats` (text, json, github, sarif).
 """
 
 from __future__ import annotations

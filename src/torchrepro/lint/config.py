@@ -11,16 +11,30 @@ section is a configuration error (exit 2) that says to install ``tomli`` or pass
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
+from .globs import compile_pattern
+from .reading import Unreadable, read_regular
 from .rules import RULES
 
 DEFAULT_SELECT = ("TR",)
-_SECTION = re.compile(r"(?m)^\s*(\[\s*)?tool\s*\.\s*[\"']?torchrepro[\"']?\s*(\]|\.)")
+# A pyproject.toml is parsed only when it may configure torchrepro: a [tool.torchrepro...] or [[tool.torchrepro...]]
+# header, a dotted key tool.torchrepro... = ..., or a torchrepro... = ... key in a [tool] table.
+_SECTION = re.compile(r"""(?mx)
+    ^[ \t]*(?:\[[ \t]*){0,2}tool[ \t]*\.[ \t]*["']?torchrepro["']?[ \t]*[\].=]
+  | ^[ \t]*\[[ \t]*tool[ \t]*\][^\n]*\n(?:(?![ \t]*\[)[^\n]*\n)*?[ \t]*["']?torchrepro["']?[ \t]*[.=]
+""")
+_LINT = ("tool", "torchrepro", "lint")
+# TOML's names for the values a TOML reader returns (bool before int: a bool is an int).
+_TOML_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+    (datetime.datetime, "a date-time"), (datetime.date, "a date"), (datetime.time, "a time"),
+)
 _KEYS = ("select", "ignore", "extend-select", "exclude", "extend-exclude", "per-file-ignores", "respect-gitignore",
          "force-exclude")
 
@@ -51,6 +65,9 @@ class LintConfig:
             check_selectors(selectors, f"{what} ({self.source})")
         for pattern, codes in self.per_file_ignores:
             check_selectors(codes, f"per-file-ignores[{pattern!r}] ({self.source})")
+        for what, patterns in (("exclude", self.exclude), ("extend-exclude", self.extend_exclude),
+                               ("per-file-ignores", [pattern for pattern, _ in self.per_file_ignores])):
+            check_patterns(patterns, f"{what} ({self.source})")
 
     def enabled_codes(self) -> frozenset[str]:
         return frozenset(code for code in RULES if _enabled(code, (*self.select, *self.extend_select), self.ignore))
@@ -62,11 +79,15 @@ class LintConfig:
         configured select, extend-select and ignore no longer apply); ``--exclude`` replaces the configured
         exclude; the other options add to the configuration."""
         fresh = select is not None
+        exclude = None if exclude is None else tuple(exclude)
+        extend_exclude = tuple(extend_exclude)
+        check_patterns(exclude or (), "--exclude (command line)")
+        check_patterns(extend_exclude, "--extend-exclude (command line)")
         return replace(self,
                        select=tuple(_norm(select)) if fresh else self.select,
                        ignore=(*(() if fresh else self.ignore), *_norm(ignore)),
                        extend_select=(*(() if fresh else self.extend_select), *_norm(extend_select)),
-                       exclude=tuple(exclude) if exclude is not None else self.exclude,
+                       exclude=exclude if exclude is not None else self.exclude,
                        extend_exclude=(*self.extend_exclude, *extend_exclude),
                        force_exclude=self.force_exclude or force_exclude,
                        source=self.source if select is None and not ignore and not extend_select
@@ -84,6 +105,15 @@ def check_selectors(selectors: Iterable[str], where: str) -> None:
             raise ConfigError(f"unknown rule code or prefix {selector!r} in {where}; codes are "
                               f"{min(RULES)}..{max(RULES)} (see `torchrepro rule`), prefixes such as TR1 select "
                               "a family, ALL selects every rule")
+
+
+def check_patterns(patterns: Iterable[str], where: str) -> None:
+    """Refuse a pattern that git would accept but that matches less than it seems to (a reversed range, an
+    unclosed ``[``, an unknown class, a trailing backslash): in the linter's own configuration it is a mistake."""
+    for pattern in patterns:
+        compiled = compile_pattern(pattern)
+        if compiled is not None and compiled.problem:
+            raise ConfigError(f"invalid pattern '{pattern}' in {where}: {compiled.problem}")
 
 
 def _match_len(code: str, selectors: Iterable[str]) -> int:
@@ -118,13 +148,12 @@ def find_config(start: Path) -> Path | None:
     """The nearest ``pyproject.toml`` at or above ``start`` that has a ``[tool.torchrepro...]`` section."""
     for directory in (start, *start.parents):
         candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                text = candidate.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            if _SECTION.search(text):
-                return candidate
+        try:
+            text = read_regular(candidate).decode("utf-8", "replace")
+        except Unreadable:  # none here (or not a readable regular file)
+            continue
+        if _SECTION.search(text):
+            return candidate
     return None
 
 
@@ -153,12 +182,53 @@ def load_config(path: Path | None = None, *, start: Path | None = None, toml: Mo
         data = reader.loads(text)
     except Exception as exc:  # tomllib.TOMLDecodeError, tomli.TOMLDecodeError
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    section = data.get("tool", {}).get("torchrepro", {}).get("lint")
+    top = _table_at(data, _LINT[:2], path)
+    if top is not None:
+        _check_misplaced(top, path)
+    section = _table_at(data, _LINT, path)
     if section is None:
         return LintConfig(base=path.parent, source=str(path))
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"{path}: [tool.torchrepro.lint] must be a table, got {type(section).__name__}")
     return config_from_table(section, base=path.parent, source=f"{path} [tool.torchrepro.lint]")
+
+
+def _table_at(data: Mapping[str, object], keys: tuple[str, ...], path: Path) -> Mapping[str, object] | None:
+    """The table at ``keys`` (``tool.torchrepro.lint``) of a parsed file; None when absent. A value on the way
+    that is not a table (``[[tool.torchrepro.lint]]``, ``tool.torchrepro = 1``) is a :class:`ConfigError`."""
+    table = data
+    for depth, key in enumerate(keys, 1):
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path}: {_not_a_table('.'.join(keys[:depth]), value)}")
+        table = value
+    return table
+
+
+def _not_a_table(name: str, value: object) -> str:
+    what = _toml_type(value)
+    if what == "an array of tables":
+        return (f"[{name}] must be a table, got an array of tables ([[{name}]]); write the header with single "
+                f"brackets: [{name}]")
+    return (f"[{name}] must be a table, got {what} ({value!r}); write the settings under a "
+            "[tool.torchrepro.lint] header, one `key = value` per line")
+
+
+def _toml_type(value: object) -> str:
+    """The TOML type of a parsed value, in words: ``an integer``, ``an array of tables``, ..."""
+    if isinstance(value, list) and value and all(isinstance(item, Mapping) for item in value):
+        return "an array of tables"
+    return next((name for cls, name in _TOML_TYPES if isinstance(value, cls)), type(value).__name__)
+
+
+def _check_misplaced(top: Mapping[str, object], path: Path) -> None:
+    """Lint settings written directly in [tool.torchrepro] (which would be ignored) are an error."""
+    misplaced = sorted(set(top) & set(_KEYS))
+    if misplaced:
+        one = len(misplaced) == 1
+        raise ConfigError(f"{path}: [tool.torchrepro] has {', '.join(misplaced)}, "
+                          f"{'a setting' if one else 'settings'} of [tool.torchrepro.lint]; move "
+                          f"{'it' if one else 'them'} under a [tool.torchrepro.lint] header")
 
 
 def config_from_table(table: Mapping[str, object], *, base: Path, source: str) -> LintConfig:

@@ -4,19 +4,24 @@ Excluded are: the usual tool and environment directories (``.git``, ``.venv``, `
 ``site-packages``, ...), the ``exclude``/``extend-exclude`` patterns of the configuration, and — unless
 ``respect-gitignore = false`` — whatever the ``.gitignore`` files of the repository (and ``.git/info/exclude``)
 ignore. Patterns use gitignore syntax (``*``, ``**``, ``?``, ``[abc]``, ``!negation``, trailing ``/`` for
-directories, a ``/`` inside to anchor). A file named on the command line is always linted unless
-``--force-exclude`` is given (as in ruff; pre-commit passes file names explicitly).
+directories, a ``/`` inside to anchor; see :mod:`.globs`). A file named on the command line is always linted
+unless ``--force-exclude`` is given (as in ruff; pre-commit passes file names explicitly).
+
+Every entry named ``*.py`` that is not a directory is passed on, FIFOs and devices included: the engine reads
+only regular files (:mod:`.reading`) and reports the others (TR004), as it does a directory that cannot be
+listed. Dangling symbolic links are skipped; symbolic links to directories are not followed.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import stat
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, LintConfig
+from .globs import Pattern, compile_pattern
+from .reading import Unreadable, read_regular
 
 DEFAULT_EXCLUDES = (
     ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".ipynb_checkpoints", ".mypy_cache", ".nox",
@@ -24,75 +29,6 @@ DEFAULT_EXCLUDES = (
     "__pypackages__", "__pycache__", "_build", "buck-out", "build", "dist", "node_modules", "site-packages", "venv",
     "*.egg-info",
 )
-
-
-@dataclass(frozen=True)
-class Pattern:
-    regex: re.Pattern[str]
-    negate: bool
-    dir_only: bool
-
-    def matches(self, rel: str, is_dir: bool) -> bool:
-        return (is_dir or not self.dir_only) and self.regex.match(rel) is not None
-
-
-def _translate(glob: str) -> str:
-    out = []
-    i, n = 0, len(glob)
-    while i < n:
-        c = glob[i]
-        if glob.startswith("**/", i) and (i == 0 or glob[i - 1] == "/"):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i) and i + 2 == n and (i == 0 or glob[i - 1] == "/"):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[":
-            end = glob.find("]", i + 2 if glob[i + 1:i + 2] in ("!", "^") else i + 1)
-            if end < 0:
-                out.append(re.escape(c))
-                i += 1
-            else:
-                body = glob[i + 1:end]
-                if body[:1] in ("!", "^"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = end + 1
-        elif c == "\\" and i + 1 < n:
-            out.append(re.escape(glob[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(c))
-            i += 1
-    return "".join(out)
-
-
-def compile_pattern(line: str) -> Pattern | None:
-    """A gitignore line as a :class:`Pattern` (None for blank lines and comments)."""
-    line = line.rstrip("\r\n")
-    while line.endswith(" ") and not line.endswith("\\ "):
-        line = line[:-1]
-    if not line or line.startswith("#"):
-        return None
-    negate = line.startswith("!")
-    if negate:
-        line = line[1:]
-    elif line.startswith(("\\#", "\\!")):
-        line = line[1:]
-    dir_only = line.endswith("/")
-    line = line.rstrip("/")
-    if not line:
-        return None
-    anchored = "/" in line
-    line = line.lstrip("/")
-    prefix = "^" if anchored else "^(?:.*/)?"
-    return Pattern(re.compile(prefix + _translate(line) + "$", re.DOTALL), negate, dir_only)
 
 
 class Excludes:
@@ -127,15 +63,16 @@ class Excludes:
 
 
 def _read_lines(path: Path) -> list[str]:
+    """The lines of a .gitignore as git splits them (at ``\\n`` only); none when it is not a readable file."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        return read_regular(path).decode("utf-8", "replace").split("\n")
+    except Unreadable:
         return []
 
 
 def _repo_root(start: Path) -> Path | None:
     for directory in (start, *start.parents):
-        if (directory / ".git").exists():
+        if os.path.exists(directory / ".git"):
             return directory
     return None
 
@@ -162,10 +99,8 @@ def discover(paths: Iterable[str], config: LintConfig) -> list[tuple[Path, str]]
     seen: set[Path] = set()
     for arg in paths:
         path = Path(arg)
-        if not path.exists():
-            raise ConfigError(f"{arg}: no such file or directory")
         absolute = path.absolute()
-        if path.is_dir():
+        if _is_directory(arg):
             ex = base_excludes(config, absolute.parent)
             found = _walk(absolute, os.path.normpath(arg), ex, config.respect_gitignore)
         else:
@@ -180,7 +115,34 @@ def discover(paths: Iterable[str], config: LintConfig) -> list[tuple[Path, str]]
     return out
 
 
+def _is_directory(arg: str) -> bool:
+    """Whether a path named on the command line is a directory (symbolic links followed). One that does not
+    exist is an error; one that cannot be examined (permission denied) is a file, which the engine reports."""
+    try:
+        return stat.S_ISDIR(os.stat(arg).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"{arg}: no such file or directory") from None
+    except OSError:
+        return False
+
+
+def _dangling(entry: os.DirEntry[str]) -> bool:
+    """Whether a directory entry is a symbolic link to nothing (such as an editor's lock file ``.#name.py``)."""
+    if not entry.is_symlink():
+        return False
+    try:
+        os.stat(entry.path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _walk(directory: Path, display: str, ex: Excludes, gitignore: bool) -> Iterator[tuple[Path, str]]:
+    """The ``*.py`` files under ``directory`` that are not excluded, and every other entry named ``*.py`` that
+    is not a directory (a FIFO, a device: the engine reports them); a directory that cannot be listed is yielded
+    itself, to be reported. Symbolic links to directories are not followed; dangling ones are skipped."""
     if gitignore:
         lines = _read_lines(directory / ".gitignore")
         if lines:
@@ -189,6 +151,7 @@ def _walk(directory: Path, display: str, ex: Excludes, gitignore: bool) -> Itera
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
     except OSError:
+        yield directory, display
         return
     for entry in entries:
         path = directory / entry.name
@@ -202,5 +165,5 @@ def _walk(directory: Path, display: str, ex: Excludes, gitignore: bool) -> Itera
         if is_dir:
             if not entry.is_symlink():
                 yield from _walk(path, shown, ex, gitignore)
-        elif entry.name.endswith(".py") and entry.is_file():
+        elif entry.name.endswith(".py") and not _dangling(entry):
             yield path, shown

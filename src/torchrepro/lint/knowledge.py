@@ -22,6 +22,7 @@ _PREFIXES = (
     ("torch.utils.data.distributed.", "torch.utils.data."),
     ("torch.random.", "torch."),
     ("numpy.random.mtrand.", "numpy.random."),
+    ("torch.multiprocessing.spawn.", "torch.multiprocessing."),
 )
 # `import lightning as L; L.Trainer` is lightning.pytorch.Trainer.
 _LIGHTNING_TOP = frozenset({"Trainer", "LightningModule", "LightningDataModule", "seed_everything", "Fabric"})
@@ -150,6 +151,8 @@ TORCH_DRAWS = frozenset({
 TORCH_INPLACE_DRAWS = frozenset({
     "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_", "log_normal_",
 })
+# Methods that sample from torch's global generator when called with `do_sample=True` (transformers' generate).
+SAMPLING_METHODS = frozenset({"generate"})
 TORCH_INIT_PREFIX = "torch.nn.init."
 TORCH_INIT_NOT_DRAWS = frozenset({"calculate_gain", "zeros_", "ones_", "constant_", "eye_", "dirac_"})
 # Data-order randomness drawn from torch's global generator unless `generator=` is given.
@@ -164,6 +167,37 @@ LOADER_INIT_FN, LOADER_GENERATOR = 10, 12
 DATALOADER = "torch.utils.data.DataLoader"
 DISTRIBUTED_SAMPLER = "torch.utils.data.DistributedSampler"
 DATASET_BASES = frozenset({"torch.utils.data.Dataset", "torch.utils.data.IterableDataset"})
+LOADER_COLLATE = 6
+
+# --- what DataLoader workers run (TR302) ------------------------------------------------------------------------
+TRANSFORMS = "torchvision.transforms."  # and torchvision.transforms.v2.
+# torchvision transforms that draw random numbers each time they run, besides every `Random*` one (RandomApply,
+# RandomChoice and RandomOrder included). Every other torchvision transform is deterministic.
+TRANSFORM_DRAWS = frozenset({
+    "ColorJitter", "RandAugment", "AutoAugment", "TrivialAugmentWide", "AugMix", "GaussianBlur",
+    "ElasticTransform", "ScaleJitter", "MixUp", "CutMix", "GaussianNoise", "JPEG",
+})
+TRANSFORM_CONTAINERS = frozenset({"Compose"})
+# Transform factories: name -> (position, keyword) of the flag that adds random augmentations.
+TRANSFORM_FACTORIES = {
+    "timm.data.create_transform": (1, "is_training"),
+    "timm.data.transforms_factory.create_transform": (1, "is_training"),
+}
+VISION_DATASETS = "torchvision.datasets."
+# torchvision datasets: name -> positions of `transform` and `target_transform` (always accepted by keyword).
+VISION_TRANSFORM_POSITIONS = {
+    "ImageFolder": (1, 2), "DatasetFolder": (3, 4), "CIFAR10": (2, 3), "CIFAR100": (2, 3), "MNIST": (2, 3),
+    "FashionMNIST": (2, 3), "KMNIST": (2, 3), "FakeData": (3, 4),
+}
+TRANSFORM_KEYWORDS = ("transform", "target_transform", "transforms")
+# Datasets built from other datasets: name -> position of the dataset (or list of datasets) argument.
+DATASET_WRAPPERS = {
+    "torch.utils.data.Subset": 0, "torch.utils.data.random_split": 0, "torch.utils.data.ConcatDataset": 0,
+    "torch.utils.data.ChainDataset": 0,
+}
+DETERMINISTIC_DATASETS = frozenset({"torch.utils.data.TensorDataset"})
+# Methods that run in a DataLoader worker for each sample or batch (of a dataset, or of a transform object).
+WORKER_METHODS = ("__getitem__", "__getitems__", "__iter__", "__next__", "__call__", "forward")
 
 # --- models ---------------------------------------------------------------------------------------------------
 # torch.nn layers whose parameters are drawn from torch's global generator when constructed.
@@ -179,9 +213,37 @@ MODULE_BASES = frozenset({
 })
 MODEL_FACTORIES = frozenset({"timm.create_model", "torch.hub.load"})
 MODEL_FACTORY_PREFIXES = ("torchvision.models.",)
+# Members of a factory prefix that build no model: look-ups of names, builders and weights, and wrappers of a
+# model built elsewhere. Any member named `*_Weights` (an enum of weights, and its entries and methods) is one
+# too, and so is any name beginning with `_` (but `models.__dict__[name]()`, which calls a builder).
+NOT_MODEL_MEMBERS = frozenset({
+    "list_models", "get_model_weights", "get_weight", "get_model_builder", "register_model", "Weights",
+    "WeightsEnum", "feature_extraction", "get_graph_node_names", "create_feature_extractor",
+    "load_state_dict_from_url",
+})
+WEIGHTS_ENUM_SUFFIX = "_Weights"
+# Calls that return torchvision weights (an entry, or the enum of an arch): `weights=get_weight(...)` is pretrained.
+WEIGHTS_LOOKUPS = frozenset({"torchvision.models.get_weight", "torchvision.models.get_model_weights"})
 # `X.from_pretrained(...)` / `X.from_config(...)` on a transformers name builds a model unless X is one of these.
 NOT_MODEL_SUFFIXES = ("Tokenizer", "TokenizerFast", "Config", "Processor", "FeatureExtractor", "ImageProcessor")
 MODEL_BUILDER_METHODS = frozenset({"from_pretrained", "from_config"})
+# Functions (transformers' and the project's own) that build a model and then overwrite its initial weights with
+# a checkpoint: the initialisation draws nothing that matters.
+PRETRAINED_LOADERS = frozenset({"from_pretrained"})
+# ...unless the checkpoint lacks a task head, which is then initialised randomly: transformers classes named
+# with one of these words, or a from_pretrained call given one of these keywords.
+NEW_HEAD_WORDS = ("Classification", "QuestionAnswering", "MultipleChoice", "Segmentation", "ObjectDetection",
+                  "ForCTC")
+NEW_HEAD_KEYWORDS = ("num_labels", "id2label", "ignore_mismatched_sizes")
+# Model factories whose weights come from a checkpoint with these arguments: name -> (keyword, value that means
+# pretrained: True, or None for "weights that are surely given": a non-empty string, a `*_Weights` entry or a
+# lookup of one, not None, `"DEFAULT" if args.pretrained else None` or a value the linter cannot know), and the
+# keyword that asks for a new classifier head.
+PRETRAINED_FACTORIES: dict[str, tuple[tuple[str, bool | None], ...]] = {
+    "torchvision.models.": (("weights", None), ("pretrained", True)),  # weights: a string, enum or entry
+    "timm.create_model": (("pretrained", True),),
+}
+NEW_CLASSIFIER_KEYWORDS = {"timm.create_model": "num_classes"}
 
 # --- deterministic mode ------------------------------------------------------------------------------------------
 DETERMINISM_ENABLERS = frozenset({
@@ -211,7 +273,49 @@ DIST_INIT = frozenset({
 SHARDING_FRAMEWORKS = ("accelerate.", "lightning.", "transformers.Trainer", "transformers.Seq2SeqTrainer", "trl.")
 RANK_WORDS = ("rank", "get_rank", "process_index", "global_rank", "local_rank")
 
+# --- processes ------------------------------------------------------------------------------------------------
+# Calls that run a function in a new process: name -> (position of the function, its keyword, start method).
+# A start method of None is the platform's default: fork on Linux before Python 3.14, forkserver on Linux
+# from 3.14, spawn on macOS and Windows. Only a forked child inherits the parent's generator states.
+PROCESS_STARTERS: dict[str, tuple[int, str, str | None]] = {
+    "torch.multiprocessing.spawn": (0, "fn", "spawn"),
+    "torch.multiprocessing.start_processes": (0, "fn", "spawn"),
+    "multiprocessing.Process": (1, "target", None),
+    "torch.multiprocessing.Process": (1, "target", None),
+}
+START_METHOD_ARGUMENT = {"torch.multiprocessing.start_processes": (5, "start_method")}
+# `ctx.Process(target=fn)` on a context from get_context(method): (position of the function, its keyword).
+CONTEXT_PROCESS = ("Process", 1, "target")
+GET_CONTEXT = frozenset({"multiprocessing.get_context", "torch.multiprocessing.get_context"})
+SET_START_METHOD = frozenset({"multiprocessing.set_start_method", "torch.multiprocessing.set_start_method"})
+PARTIAL = "functools.partial"
+# Keyword arguments whose function runs somewhere else (DataLoader workers, pool workers): not followed.
+DEFERRED_CALLBACKS = frozenset({"worker_init_fn", "initializer"})
+
+# --- logging a seed -------------------------------------------------------------------------------------------
+# Calls that record their arguments (by the last part of the name: print, logger.info, writer.add_text, ...).
+LOG_CALL_NAMES = frozenset({
+    "print", "info", "debug", "warning", "warn", "error", "critical", "exception", "log", "write", "log_param",
+    "log_params", "log_hyperparams", "add_text", "save_hyperparameters", "dump", "dumps", "pprint", "echo",
+})
+LOG_CALLS = frozenset({"wandb.init", "wandb.config.update"})
+
 # --- checkpoints ----------------------------------------------------------------------------------------------
+# torch.optim optimizers: name -> what a checkpoint without their state_dict() loses on resuming (TR502).
+OPTIMIZER_STATE = {
+    "Adam": "moment estimates restart at zero", "AdamW": "moment estimates restart at zero",
+    "Adamax": "moment estimates restart at zero", "NAdam": "moment estimates restart at zero",
+    "RAdam": "moment estimates restart at zero", "SparseAdam": "moment estimates restart at zero",
+    "Adafactor": "moment estimates restart at zero", "Adagrad": "accumulated squared gradients restart at zero",
+    "Adadelta": "running averages restart at zero", "RMSprop": "running averages restart at zero",
+    "Rprop": "step sizes restart from their initial values", "ASGD": "averages restart",
+    "LBFGS": "curvature history restarts empty", "SGD": "momentum buffers restart at zero",
+}
+STATELESS_UNLESS = {"SGD": ("momentum", 2)}  # SGD keeps no state without momentum (keyword, position)
+# Words that mark a checkpoint meant to resume training, or a file that is an export of the weights.
+RESUME_WORDS = ("resume", "resumes", "resumed", "resuming", "continue training", "continue from", "restart training")
+CHECKPOINT_NAME_WORDS = ("checkpoint", "ckpt", "resume", "last", "latest")
+EXPORT_NAME_WORDS = ("final", "best", "export", "deploy", "infer", "pretrained")
 SAVE_CALLS = frozenset({"torch.save"})
 SAVE_NAME_WORDS = ("save",)  # also helpers named like save_checkpoint(state, ...) and fabric.save(path, state)
 RNG_STATE_CALLS = frozenset({

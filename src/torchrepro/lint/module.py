@@ -8,7 +8,8 @@ program walker (:mod:`.flow`) read these facts; nothing here knows about any rul
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .knowledge import normalise
@@ -20,6 +21,15 @@ _SCALAR_FIELDS = frozenset({"ctx", "id", "attr", "arg", "name", "kind", "type_co
                             "lineno", "is_async", "conversion", "simple", "asname", "names", "tag"})
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_NESTED = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef})
+_LINE_END = re.compile(r"\r\n?|\n")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of source ``text`` as Python's tokenizer (and so ``ast``) numbers them: ended by ``\\n``,
+    ``\\r\\n`` or a lone ``\\r`` only, not by the form feeds, U+2028, NEL and the other characters where
+    :meth:`str.splitlines` also splits (inside strings and comments, or as whitespace)."""
+    return _LINE_END.split(text) if "\r" in text else text.split("\n")
 
 
 class Scope:
@@ -164,8 +174,9 @@ class Module:
     # -- positions -------------------------------------------------------------------------------------------
     @property
     def lines(self) -> list[str]:
+        """The lines of the source, as ``ast`` numbers them (:func:`source_lines`)."""
         if self._lines is None:
-            self._lines = self.text.splitlines()
+            self._lines = source_lines(self.text)
         return self._lines
 
     def column(self, lineno: int, col_offset: int) -> int:
@@ -199,6 +210,15 @@ def dotted(expr: ast.AST) -> str | None:
     """``a.b.c`` for a chain of attributes on a name, else None."""
     name, attrs = _chain(expr)
     return ".".join([name, *attrs]) if name else None
+
+
+def walk_own(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not descending into nested functions, lambdas and classes."""
+    todo = list(getattr(node, "body", ()))
+    while todo:
+        current = todo.pop()
+        yield current
+        todo.extend(c for c in ast.iter_child_nodes(current) if c.__class__ not in _NESTED)
 
 
 def _is_main_test(test: ast.AST) -> bool:

@@ -4,6 +4,11 @@ The linter follows a call into a helper defined in another file (``from utils im
 file can be found the way Python would find it: beside the importing file, in its parent directories up to the
 project root (the nearest directory with ``pyproject.toml``, ``setup.py``, ``setup.cfg`` or ``.git``), or in
 the root's ``src/``. Files found this way are parsed once and cached; their problems are not reported.
+
+A name that is also a third-party library's (``timm``, ``datasets``, ``transformers``) is the project's own
+package when Python would import it from the project: from the script's directory (the importing file's, or
+the one above its top-level package) or the project root. Only then is it the library, whose APIs are in
+knowledge.py. Standard-library names are never looked for among the project's files.
 """
 
 from __future__ import annotations
@@ -16,24 +21,28 @@ from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 
-from .module import ClassInfo, Module, Scope
+from .module import ClassInfo, Module, Scope, source_lines
+from .reading import MAX_SOURCE_BYTES, Unreadable, is_regular, read_regular
 
 _ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
-# Packages never looked for among the project's files (their APIs are in knowledge.py, or irrelevant).
-_EXTERNAL = frozenset(sys.stdlib_module_names) | frozenset({
+_STDLIB = frozenset(sys.stdlib_module_names)  # never looked for among the project's files
+# Third-party packages whose APIs are in knowledge.py (or do not matter): the project's own package of the same
+# name, when Python would import it from the project, comes first (see Project.is_own).
+_LIBRARIES = frozenset({
     "torch", "numpy", "transformers", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
     "torchvision", "torchaudio", "torchtext", "timm", "datasets", "tqdm", "wandb", "sklearn", "scipy", "pandas",
     "PIL", "cv2", "matplotlib", "tensorboard", "deepspeed", "trl", "peft", "evaluate", "hydra", "omegaconf",
     "yaml", "fire", "click", "typer", "monai", "mmengine", "keras", "torchrepro", "apex", "einops", "jax",
     "tensorflow", "sentencepiece", "tokenizers", "huggingface_hub", "safetensors", "rich", "absl",
 })
-MAX_SOURCE_BYTES = 20_000_000
+_EXTERNAL = _STDLIB | _LIBRARIES
 MAX_EXTRA_MODULES = 200  # project files read to follow imports, beyond the files being linted
 
 
 def is_external(qual: str) -> bool:
     """Whether a qualified name belongs to the standard library or a known third-party package (whose APIs are
-    in knowledge.py, or do not matter), so that the linter never looks for it among the project's files."""
+    in knowledge.py, or do not matter), unless the project has its own package of that name
+    (:meth:`Project.is_own`)."""
     return qual.partition(".")[0] in _EXTERNAL
 
 
@@ -48,21 +57,17 @@ class SourceProblem:
 
 
 def read_module(path: Path, display: str) -> Module | SourceProblem:
-    """Read and parse one file; a file that is not UTF-8 text (or its declared encoding), contains null bytes
-    or has a syntax error gives a :class:`SourceProblem` instead."""
+    """Read and parse one file; a file that is not a readable regular file of at most :data:`MAX_SOURCE_BYTES`,
+    is not UTF-8 text (or its declared encoding), contains null bytes or has a syntax error gives a
+    :class:`SourceProblem` instead."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return SourceProblem("TR001", f"cannot read the file: {exc.strerror or exc}")
-    if len(data) > MAX_SOURCE_BYTES:
-        return SourceProblem("TR001", f"the file is {len(data):,} bytes; files over {MAX_SOURCE_BYTES:,} bytes are "
-                                      "not analysed")
+        data = read_regular(path, MAX_SOURCE_BYTES)
+    except Unreadable as exc:
+        return SourceProblem("TR004", str(exc))
     nul = data.find(b"\x00")
     if nul >= 0:
-        line = data.count(b"\n", 0, nul) + 1
-        col = nul - (data.rfind(b"\n", 0, nul) + 1) + 1
         return SourceProblem("TR003", "the file contains a null byte, so Python cannot run it; it was not analysed",
-                             line, col)
+                             *byte_position(data, nul))
     encoding = "utf-8"
     head = data[:400]
     if head.startswith(b"\xef\xbb\xbf") or b"coding" in head:
@@ -74,11 +79,9 @@ def read_module(path: Path, display: str) -> Module | SourceProblem:
         text = data.decode(encoding)
     except (UnicodeDecodeError, LookupError) as exc:
         start = getattr(exc, "start", 0)
-        line = data.count(b"\n", 0, start) + 1
-        col = start - (data.rfind(b"\n", 0, start) + 1) + 1
         what = f"byte 0x{data[start]:02x}" if isinstance(exc, UnicodeDecodeError) else f"encoding {encoding!r}"
         return SourceProblem("TR002", f"the file is not valid {encoding} text ({what}); it was not analysed",
-                             line, col)
+                             *byte_position(data, start, encoding))
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
@@ -92,6 +95,17 @@ def read_module(path: Path, display: str) -> Module | SourceProblem:
                                       "it was not analysed")
 
 
+def byte_position(data: bytes, offset: int, encoding: str = "utf-8") -> tuple[int, int]:
+    """The 1-based line and column of byte ``offset`` of ``data``: lines as Python counts them, columns in
+    characters (the bytes before ``offset`` decoded, bad ones as one character each)."""
+    try:
+        before = data[:offset].decode(encoding, "replace")
+    except LookupError:  # an unknown declared encoding
+        before = data[:offset].decode("utf-8", "replace")
+    lines = source_lines(before.removeprefix("\ufeff"))
+    return len(lines), len(lines[-1]) + 1
+
+
 class Project:
     """The files being linted plus the project files they import, parsed at most once each."""
 
@@ -103,6 +117,8 @@ class Project:
         self._extra = 0
         self._keys: dict[Path, Path] = {}
         self._search: dict[Path, list[Path]] = {}
+        self._library_search: dict[Path, list[Path]] = {}
+        self._own: dict[tuple[int, str], bool] = {}
         self._resolved: dict[tuple[int, str], Module | Scope | ClassInfo | None] = {}
         self._bases_of: dict[int, list[ClassInfo | str]] = {}
         self._methods: dict[tuple[int, str], Scope | None] = {}
@@ -157,24 +173,51 @@ class Project:
         self._search[here] = bases
         return bases
 
+    def _library_bases(self, importer: Path) -> list[Path]:
+        """Where Python would find a package named like a library in this project: the script's directory (the
+        importer's, or the one above its top-level package) and the project root."""
+        here = importer.parent
+        found = self._library_search.get(here)
+        if found is None:
+            top = here
+            while is_regular(top / "__init__.py") and top.parent != top:
+                top = top.parent
+            root = self.root_of(here)
+            found = self._library_search[here] = [top] if root is None or root == top else [top, root]
+        return found
+
+    def is_own(self, importer: Module, qual: str) -> bool:
+        """Whether ``qual`` (``timm.create_model``, ``datasets.build_dataset``) names the project's own package,
+        which shadows the library of that name for ``importer``."""
+        top = qual.partition(".")[0]
+        if top not in _LIBRARIES:
+            return False
+        key = (id(importer), top)
+        found = self._own.get(key)
+        if found is None:
+            found = self._own[key] = self.find_file(importer, 0, (top,)) is not None
+        return found
+
     def find_file(self, importer: Module, level: int, parts: tuple[str, ...]) -> Path | None:
         if level:
             base = importer.path.parent
             for _ in range(level - 1):
                 base = base.parent
             bases = [base]
+        elif parts[0] in _STDLIB:
+            return None
+        elif parts[0] in _LIBRARIES:
+            bases = self._library_bases(importer.path)
         else:
-            if parts[0] in _EXTERNAL:
-                return None
             bases = self._bases(importer.path)
         for base in bases:
             key = (base, parts)
             if key not in self._found:
                 stem = base.joinpath(*parts)
                 candidate = stem.with_name(stem.name + ".py") if parts else None
-                if candidate is not None and candidate.is_file():
+                if candidate is not None and is_regular(candidate):
                     self._found[key] = candidate
-                elif (stem / "__init__.py").is_file():
+                elif is_regular(stem / "__init__.py"):
                     self._found[key] = stem / "__init__.py"
                 else:
                     self._found[key] = None

@@ -83,6 +83,15 @@ class Rule:
                 "help": cls.help}
 
 
+def is_suppressed(codes: frozenset[str] | None, code: str) -> bool:
+    """Whether a ``# torchrepro: noqa`` comment naming ``codes`` (None: no comment) silences ``code``.
+
+    >>> is_suppressed(frozenset({"TR2"}), "TR203"), is_suppressed(None, "TR203")
+    (True, False)
+    """
+    return codes is not None and ("ALL" in codes or any(code.startswith(c) for c in codes))
+
+
 class Context:
     """What a check sees: the module, the project around it, and facts computed once and shared by rules."""
 
@@ -93,6 +102,14 @@ class Context:
         self.walker = walker
         self.programs = programs  # every linted module that is a program
         self._more_programs = more_programs
+        self.noqa: dict[int, frozenset[str]] = {}  # line -> codes its noqa comment names (set by the engine)
+
+    def suppressed(self, node: ast.AST, code: str) -> bool:
+        """Whether a noqa comment on the first or last line of ``node`` silences ``code`` (the engine's test, for
+        rules that report several places in one finding)."""
+        line = getattr(node, "lineno", 1)
+        end = getattr(node, "end_lineno", None) or line
+        return is_suppressed(self.noqa.get(line), code) or is_suppressed(self.noqa.get(end), code)
 
     @cached_property
     def summary(self) -> Summary:
@@ -125,15 +142,15 @@ class Context:
         return False
 
     @cached_property
-    def draws(self) -> dict[str, list[tuple[ast.Call, str]]]:
+    def draws(self) -> dict[str, list[tuple[ast.Call, str, Scope]]]:
         """Every call in this module that draws from a global generator, by library (outside Dataset classes)."""
-        out: dict[str, list[tuple[ast.Call, str]]] = {lib: [] for lib in K.LIBS}
+        out: dict[str, list[tuple[ast.Call, str, Scope]]] = {lib: [] for lib in K.LIBS}
         module = self.module
         names = [q for q in module.index[0] if may_draw(q)]
-        for call, scope in module.calls_to(names, methods=K.TORCH_INPLACE_DRAWS):
+        for call, scope in module.calls_to(names, methods=(*K.TORCH_INPLACE_DRAWS, *K.SAMPLING_METHODS)):
             for kind, lib, detail in classify_call(module, scope, call, module.qual(call.func)):
                 if kind == DRAW and lib is not None and not self.in_dataset(scope) and not is_seed_choice(module, call):
-                    out[lib].append((call, detail))
+                    out[lib].append((call, detail, scope))
         return out
 
     @cached_property

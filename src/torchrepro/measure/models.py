@@ -1,9 +1,9 @@
-"""Models bundled with torchrepro (layer L1): a ResNet-18 written here (no torchvision), and the training script
+"""Models bundled with torchrepro: a ResNet-18 written here (no torchvision), and the training script
 that ``torchrepro bench --builtin resnet18`` times.
 
 The ResNet-18 has torchvision's layout and parameter names (a 7x7 stem, four stages of two basic blocks,
-global average pooling, one linear layer), so its numbers compare with published ResNet-18 timings such as seed
-article 004's (fp32 17.94 → 20.90 ms per step under deterministic mode, bf16 autocast 12.42 → 14.37 ms).
+global average pooling, one linear layer), so its numbers compare with published ResNet-18 timings (e.g. fp32
+17.94 → 20.90 ms per step under deterministic mode, bf16 autocast 12.42 → 14.37 ms, on one GPU).
 
 Run it on its own::
 
@@ -21,7 +21,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .._core.compat import device_problem
+
 PRECISIONS = ("fp32", "bf16")
+PROG = "python -m torchrepro.measure.models"
 
 
 class BasicBlock(nn.Module):
@@ -95,7 +98,7 @@ def best_device() -> torch.device:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torchrepro.measure.models",
+    p = argparse.ArgumentParser(prog=PROG,
                                 description="Train the bundled ResNet-18 on synthetic images (what `torchrepro bench "
                                             "--builtin resnet18` times).")
     p.add_argument("--model", choices=sorted(BUILTINS), default="resnet18")
@@ -110,6 +113,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    problem = device_problem(args.device) if args.device else None
+    if problem is not None:
+        print(f"{PROG}: error: --device {args.device}: {problem}. Leave --device out to train on the best "
+              f"available device ({best_device()}), or pass one this machine has.", file=sys.stderr)
+        return 2
     device = torch.device(args.device) if args.device else best_device()
     on_cpu = device.type == "cpu"
     batch = args.batch_size or (8 if on_cpu else 32)

@@ -1,6 +1,6 @@
-"""How nondeterministic is a training step, and is a function deterministic? (layer L3)
+"""How nondeterministic is a training step, and is a function deterministic?
 
-:func:`measure_nondeterminism` is the quantitative method of seed article 000, made exact: it runs
+:func:`measure_nondeterminism` compares repeated runs quantitatively, and exactly: it runs
 forward + backward (and the optimizer step, when given) ``runs`` times from identical state -- parameters,
 buffers, gradients, optimizer state and every RNG put back before each run -- and compares what came out:
 per tensor, whether the runs are bitwise identical, the fraction of elements that differ, the greatest
@@ -29,7 +29,7 @@ import math
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -95,7 +95,7 @@ class _Snapshot:
         for t, _ in self._grads:
             t.grad = None
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(copy.deepcopy(self._opt_state))  # load_state_dict aliases same-device
+            self.optimizer.load_state_dict(copy.deepcopy(self._opt_state))  # type: ignore[arg-type]  # load_state_dict aliases same-device
         self.rng.restore()
 
     def put_back(self) -> None:
@@ -333,7 +333,10 @@ class Spread:
         return d
 
 
-def _extend(spread: Spread, cls: type, **extra: Any) -> Any:
+_S = TypeVar("_S", bound=Spread)
+
+
+def _extend(spread: Spread, cls: type[_S], **extra: Any) -> _S:
     """``spread`` as an instance of its subclass ``cls``, with ``extra`` fields."""
     return cls(**{f.name: getattr(spread, f.name) for f in dataclasses.fields(Spread)}, **extra)
 
@@ -425,7 +428,7 @@ def _sq_norm(t: torch.Tensor) -> torch.Tensor:
     sq = torch.linalg.vector_norm(t, dtype=torch.float64).square().cpu()
     if not torch.isfinite(sq):
         sq = torch.linalg.vector_norm(t.nan_to_num(0.0, 0.0, 0.0), dtype=torch.float64).square().cpu()
-    return sq
+    return cast(torch.Tensor, sq)
 
 
 def _distances(gram: torch.Tensor, norms: torch.Tensor, classes: list[int]) -> list[list[float]]:
@@ -697,7 +700,7 @@ def measure_nondeterminism(
     losses = produced.losses
     device = str(losses[0].device)
     return NondeterminismReport(
-        runs=runs, grads=grads, params=params,  # type: ignore[arg-type]
+        runs=runs, grads=grads, params=params,
         loss=_report("loss", "loss", losses), losses=[float(x.float()) for x in losses],
         output=_output_report(produced.outputs, topk) if produced.outputs else None,
         cosine_distance=cosine_distance, deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
@@ -816,7 +819,7 @@ def _children(obj: Any, path: str, seen: dict[int, str]) -> Iterator[tuple[str, 
             yield path, torch.from_numpy(obj.copy()) if obj.shape else torch.tensor(obj.item())
         except (TypeError, RuntimeError):
             yield path, copy.deepcopy(obj)
-    elif type(obj).__eq__ is not object.__eq__:  # a value type (Path, Decimal, datetime, ...): its own ==
+    elif type(obj).__eq__ is not object.__eq__:  # type: ignore[comparison-overlap]  # a value type (Path, Decimal, datetime, ...): its own ==
         yield _value_leaf(obj, path)
     elif fields := _fields(obj):
         for name, value in fields:

@@ -1,8 +1,8 @@
-"""Statistics of repeated runs (layer L3): implementation noise vs seed noise, detectable differences, and the
+"""Statistics of repeated runs: implementation noise vs seed noise, detectable differences, and the
 step-time summaries of ``torchrepro bench``.
 
-Seed article 004 observes that the spread between runs with different seeds and the spread between runs with the
-same seed (GPU nondeterminism) can fall in the same band. :func:`analyze_variance` measures both from a script's
+The spread between runs with different seeds and the spread between runs with the same seed (GPU
+nondeterminism) can fall in the same band. :func:`analyze_variance` measures both from a script's
 final loss or metric and says how small a difference between two configurations the noise lets one detect:
 
 * the test: a two-sided two-sample t-test (Welch) at level ``alpha`` on ``n`` runs per configuration;

@@ -122,14 +122,15 @@ def _index_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: torc
 
 class _IndexAdd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, alpha: Any):
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor,
+                alpha: Any) -> torch.Tensor:
         ctx.dim, ctx.alpha = dim, alpha
         ctx.save_for_backward(index)
         return _index_add_value(inp, dim, index, src, alpha)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (index,) = ctx.saved_tensors
         grad_src = None
         if ctx.needs_input_grad[3]:
@@ -207,14 +208,14 @@ def _scatter_add_value(inp: torch.Tensor, dim: int, index: torch.Tensor, src: to
 
 class _ScatterAdd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor):
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         ctx.dim, ctx.src_shape = dim, src.shape
         ctx.save_for_backward(index)
         return _scatter_add_value(inp, dim, index, src)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (index,) = ctx.saved_tensors
         grad_src = None
         if ctx.needs_input_grad[3]:
@@ -332,7 +333,7 @@ def _check_values(inp: torch.Tensor, values: torch.Tensor, target: tuple[int, ..
 class _IndexPut(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, inp: torch.Tensor, flat: torch.Tensor, lead: int, bshape: torch.Size,
-                values: torch.Tensor):
+                values: torch.Tensor) -> torch.Tensor:
         trailing = inp.shape[lead:]
         width = trailing.numel()
         rows = values.expand(*bshape, *trailing).reshape(flat.numel(), width)
@@ -342,7 +343,7 @@ class _IndexPut(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (flat,) = ctx.saved_tensors
         grad_values = None
         if ctx.needs_input_grad[4]:
@@ -376,21 +377,21 @@ def index_put(input: torch.Tensor, indices: Sequence[torch.Tensor], values: torc
 
 class _IndexSelect(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor):
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
         ctx.dim, ctx.shape = dim, inp.shape
         ctx.save_for_backward(index)
         return torch.index_select(inp, dim, index)  # a gather: deterministic everywhere
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (index,) = ctx.saved_tensors
         return _index_add_value(grad.new_zeros(ctx.shape), ctx.dim, index, grad, 1), None, None
 
 
 class _Gather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor):
+    def forward(ctx: Any, inp: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
         ctx.dim, ctx.shape = dim, inp.shape
         out = torch.gather(inp, dim, index)
         ctx.save_for_backward(index.to(torch.int64))
@@ -398,7 +399,7 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (index,) = ctx.saved_tensors
         return _scatter_add_value(grad.new_zeros(ctx.shape), ctx.dim, index, grad), None, None
 
@@ -523,7 +524,7 @@ def _histc_counted(input: torch.Tensor, bins: int, left: float, right: float) ->
 class _EmbeddingBag(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, inp: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, mode: str,
-                psw: torch.Tensor | None):
+                psw: torch.Tensor | None) -> torch.Tensor:
         # PyTorch's forward reduces each bag front to back in one thread on CPU and CUDA: already deterministic.
         out = torch.nn.functional.embedding_bag(inp, weight, offsets, mode=mode, per_sample_weights=psw)
         ctx.mode, ctx.num_weights = mode, weight.shape[0]
@@ -532,7 +533,7 @@ class _EmbeddingBag(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         inp, offsets, weight, psw = ctx.saved_tensors
         positions = torch.arange(inp.numel(), device=inp.device)
         bag = torch.bucketize(positions, offsets, right=True) - 1  # which bag each lookup belongs to
@@ -615,7 +616,8 @@ class _Convolution(torch.autograd.Function):
     """``aten.convolution`` whose forward and backward both run with cuDNN's deterministic algorithms."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, args: tuple):
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                args: tuple[Any, ...]) -> torch.Tensor:
         ctx.args, ctx.has_bias = args, b is not None
         ctx.save_for_backward(x, w)
         with cudnn_deterministic(x.device):
@@ -623,7 +625,7 @@ class _Convolution(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w = ctx.saved_tensors
         stride, padding, dilation, transposed, output_padding, groups = ctx.args
         bias_sizes = [w.shape[1] * groups] if transposed else [w.shape[0]]
@@ -649,7 +651,8 @@ def _zero_insertion(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return _Convolution.apply(up, flipped, bias, ([1, 1], [0, 0], dilation, False, [0, 0], groups))
 
 
-def _phases(size: int, out: int, stride: int, padding: int, dilation: int, kernel: int) -> list[tuple]:
+def _phases(size: int, out: int, stride: int, padding: int, dilation: int,
+            kernel: int) -> list[tuple[int, int, int, int, int, int]]:
     """Per output phase r (positions q = o + padding with q % stride == r) along one dimension: the kernel taps
     that reach it (start, step), the input padding (left, right) that makes it a plain dilated correlation, the
     dilation of the sub-kernel, and the first output position it fills."""

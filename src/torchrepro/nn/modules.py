@@ -35,7 +35,7 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
         self.construction = construction
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
-        output_padding = self._output_padding(input, output_size, list(self.stride), list(self.padding),
+        output_padding = self._output_padding(input, output_size, list(self.stride), list(self.padding),  # type: ignore[arg-type]
                                               list(self.kernel_size), 2, list(self.dilation))
         return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, output_padding,
                                   self.groups, self.dilation, construction=self.construction)

@@ -1,4 +1,4 @@
-"""What a training script runs as ``torch.compile``'d code, and the graphs inductor compiled for it (layer L2).
+"""What a training script runs as ``torch.compile``'d code, and the graphs inductor compiled for it.
 
 Two jobs, both done from inside the recorded process:
 
@@ -162,7 +162,7 @@ class CompileWatch:
 
         compile.__wrapped__ = orig  # type: ignore[attr-defined]
         compile.__doc__ = orig.__doc__
-        torch.compile = compile  # type: ignore[assignment]
+        torch.compile = compile
         if self.capture is not None:  # the AOT autograd cache would skip the compilers whose graphs we capture
             import torch._functorch.config as functorch_config
 
@@ -173,7 +173,7 @@ class CompileWatch:
     def uninstall(self) -> None:
         if self._orig is None:
             return
-        torch.compile = self._orig  # type: ignore[assignment]
+        torch.compile = self._orig
         self._orig = None
         if "enable_autograd_cache" in self._saved_flags:
             import torch._functorch.config as functorch_config
@@ -279,7 +279,7 @@ def _module_paths(models: dict[str, nn.Module]) -> dict[int, str]:
 def _optimized_modules(models: dict[str, nn.Module]) -> list[tuple[str, nn.Module]]:
     if "torch._dynamo.eval_frame" not in sys.modules:  # nothing was compiled (and importing dynamo costs seconds)
         return []
-    kind = _optimized_module_type()
+    kind: Any = _optimized_module_type()
     return [(".".join(p for p in (prefix, name) if p), m) for prefix, model in models.items()
             for name, m in model.named_modules() if isinstance(m, kind)]
 
@@ -320,7 +320,7 @@ class _CaptureBackend:
         capturing = _capturing_class(cls)
         if capturing is not None:
             program.__class__ = capturing
-            program._torchrepro_graph = graph
+            program._torchrepro_graph = graph  # type: ignore[attr-defined]
         return program
 
 
@@ -452,6 +452,52 @@ def _eager_nodes(gm: Any, inputs: list[Any]) -> dict[str, str | None]:
     return fps
 
 
+def _eager_values(gm: Any, inputs: list[Any]) -> dict[str, Any]:
+    """Every call node's value when the graph runs eagerly, ATen op by ATen op."""
+    values: dict[str, Any] = {}
+
+    class _Interp(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            value = super().run_node(n)
+            if n.op == "call_function":
+                values[n.name] = value
+            return value
+
+    with torch.no_grad():
+        _Interp(gm).run(*[_copy(x) for x in inputs])
+    return values
+
+
+def _delta(x: Any, y: Any) -> dict[str, float] | None:
+    """max |Δ| and max |Δ|/|y| of two float tensors of one shape (None for anything else)."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or x.shape != y.shape:
+        return None
+    if not (x.is_floating_point() and y.is_floating_point()) or x.numel() == 0:
+        return None
+    a, b = x.detach().double(), y.detach().double()
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = (a - b).abs().masked_fill(same, 0.0)
+    rel = (diff / b.abs()).masked_fill(same, 0.0)
+    return {"max_abs": float(diff.max()), "max_rel": float(rel.nan_to_num(nan=0.0).max())}
+
+
+def _output_names(gm: Any) -> list[str | None]:
+    """The node behind each output of the graph (None for outputs that are not nodes)."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    args = out.args[0] if out is not None and out.args else []
+    items = args if isinstance(args, (list, tuple)) else [args]
+    return [a.name if isinstance(a, torch.fx.Node) else None for a in items]
+
+
+def node_deltas(gm: Any, program: Any, names: list[str], n_out: int, inputs: list[Any]) -> dict[str, Any]:
+    """How far each node's value in the instrumented compile is from its eager value, on identical inputs
+    (``compare --locate`` on eager vs compiled code: the size of the difference)."""
+    with torch.no_grad():
+        compiled = dict(zip(names, program([_copy(x) for x in inputs])[n_out:]))
+    eager = _eager_values(gm, inputs)
+    return {name: d for name, value in compiled.items() if (d := _delta(value, eager.get(name))) is not None}
+
+
 def _run_program(program: Any, inputs: list[Any]) -> list[str | None]:
     with torch.no_grad():
         outs = program([_copy(x) for x in inputs])
@@ -503,10 +549,12 @@ def bisect_graph(gm: Any, inputs: list[Any], repeats: int) -> dict[str, Any] | N
     return {"node": node.name, "prefix": hi, "compiles": compiles}
 
 
-def measure_graph(graph: CapturedGraph, repeats: int, *, instrument: bool = True) -> dict[str, Any]:
+def measure_graph(graph: CapturedGraph, repeats: int, *, instrument: bool = True,
+                  deltas: bool = False) -> dict[str, Any]:
     """Run one captured graph ``repeats`` times on identical copies of its inputs: as compiled, as an
     instrumented compile (every node an output) and eagerly; fingerprints of everything, as JSON. When the
-    program varies but no instrumented node does, bisect over prefixes of the graph (:func:`bisect_graph`)."""
+    program varies but no instrumented node does, bisect over prefixes of the graph (:func:`bisect_graph`).
+    ``deltas``: also how far each instrumented node is from its eager value (:func:`node_deltas`)."""
     inputs = graph.inputs or []
     with contextlib.suppress(AttributeError):
         graph.program._torchrepro_graph = None  # stop capturing: these calls are measurements, not the training
@@ -514,6 +562,8 @@ def measure_graph(graph: CapturedGraph, repeats: int, *, instrument: bool = True
                            "nodes": _describe_nodes(graph.gm), "program": [], "compiled": [], "eager": [],
                            "errors": []}
     placeholders = [n.name for n in graph.gm.graph.nodes if n.op == "placeholder"]
+    if deltas:
+        doc["outputs"] = _output_names(graph.gm)
     doc["inputs"] = {name: _fp(x) for name, x in zip(placeholders, inputs)}
     for _ in range(repeats):
         doc["program"].append(_run_program(graph.program, inputs))
@@ -529,6 +579,8 @@ def measure_graph(graph: CapturedGraph, repeats: int, *, instrument: bool = True
         for _ in range(repeats):
             fps = _run_program(program2, inputs)[n_out:]
             doc["compiled"].append(dict(zip(names, fps)) | doc["inputs"])
+        if deltas:
+            doc["deltas"] = node_deltas(graph.gm, program2, names, n_out, inputs)
     except Exception as exc:  # noqa: BLE001 - the whole-program measurement still stands
         doc["errors"].append(f"instrumented compile failed: {type(exc).__name__}: {str(exc)[:300]}")
     node_varies = any(len({r.get(k) for r in doc["compiled"]}) > 1 for k in (doc["compiled"] or [{}])[0])
@@ -550,11 +602,12 @@ def measure_graphs(watch: CompileWatch, run_dir: str | Path, models: dict[str, n
     """Measure every captured graph that ran (see :func:`measure_graph`) and write ``compiled_graphs.json``."""
     repeats = int((watch.capture or {}).get("repeats", DEFAULT_REPEATS))
     instrument = bool((watch.capture or {}).get("instrument", True))
+    deltas = bool((watch.capture or {}).get("deltas", False))
     graphs = sorted((g for g in watch.graphs if g.inputs is not None), key=lambda g: g.order)
     docs = []
     for g in graphs:
         try:
-            docs.append(measure_graph(g, repeats, instrument=instrument))
+            docs.append(measure_graph(g, repeats, instrument=instrument, deltas=deltas))
         except Exception as exc:  # noqa: BLE001 - say so in the file; compilelocate reports it
             docs.append({"region": g.region, "kind": g.kind, "order": g.order, "nodes": [], "program": [],
                          "compiled": [], "eager": [], "inputs": {},

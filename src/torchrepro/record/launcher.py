@@ -1,4 +1,4 @@
-"""Launching an unmodified Python training script with recording installed (layer L2).
+"""Launching an unmodified Python training script with recording installed.
 
 The parent (``torchrepro run``) fixes the environment and starts ``python -m torchrepro.record.launcher ARGS`` as a
 child; the child applies the seed and deterministic mode, installs the :class:`~torchrepro.record.recorder.Recorder`,
@@ -7,6 +7,7 @@ and runs the user's script as ``__main__`` with its own ``sys.argv``. The parent
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import functools
@@ -23,17 +24,19 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .._core.errors import Interrupted, ReproError, StateFileError
+from .._core.errors import InternalError, Interrupted, ReproError, StateFileError
 from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
+NODE_TOKEN_ENV = "TORCHREPRO_NODE_TOKEN"  # one node's launch of a run of several nodes: its ranks write it down
 PARENT_ENV = "TORCHREPRO_PARENT_PID"
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?")
 _PY_FLAGS_PASSED = {"-u", "-B", "-O", "-OO", "-q", "-s"}
@@ -73,8 +76,12 @@ def parse_python_command(command: list[str]) -> Target:
     The interpreter named in the command is the one that runs the script (it must have torchrepro installed);
     a script given without an interpreter runs with the current one.
 
-    >>> parse_python_command(["train.py", "--lr", "0.1"]).argv
-    ['train.py', '--lr', '0.1']
+    >>> target = parse_python_command([sys.executable, "-m", "pkg.train", "--lr", "0.1"])
+    >>> target.kind, target.target, target.argv
+    ('module', 'pkg.train', ['pkg.train', '--lr', '0.1'])
+    >>> parse_python_command(["train.py"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    torchrepro.record.launcher.CommandError: script 'train.py' does not exist (working directory ...).
     """
     if not command:
         raise CommandError("no command given. Usage: torchrepro run [OPTIONS] -- python train.py [ARGS]")
@@ -123,16 +130,21 @@ def resolve_interpreter(name: str) -> str:
 def _check_importable(interpreter: str) -> None:
     if interpreter == os.path.abspath(sys.executable):
         return
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torchrepro') else 7)"
     try:
-        rc = subprocess.run([interpreter, "-c", probe], capture_output=True, timeout=120).returncode
+        rc = subprocess.run([interpreter, "-c", _PROBE], capture_output=True, timeout=120).returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CommandError(f"cannot start the interpreter {interpreter!r} ({exc}).") from None
     if rc != 0:
+        missing = "torch" if rc == _NO_TORCH else "torchrepro"  # torchrepro found through PYTHONPATH, torch not
         raise CommandError(
-            f"torchrepro is not installed for the interpreter in your command ({interpreter}), so it cannot record "
-            f"the script there. Install it into that environment (`{interpreter} -m pip install torchrepro`), "
+            f"{missing} is not installed for the interpreter in your command ({interpreter}), so torchrepro cannot "
+            f"record the script there. Install it into that environment (`{interpreter} -m pip install {missing}`), "
             f"or run the script with the Python that has torchrepro: `-- {sys.executable} train.py`.")
+
+
+_NO_TORCH = 8
+_PROBE = ("import importlib.util as u, sys\n"
+          f"sys.exit(7 if u.find_spec('torchrepro') is None else {_NO_TORCH} if u.find_spec('torch') is None else 0)")
 
 
 # --- torchrun ------------------------------------------------------------------------------------------------
@@ -146,23 +158,63 @@ _TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": 
 TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.record.launcher torchrun ARGS``: torch.distributed.run, tied to us
 
 
-def torchrun_command(target: Target, nproc_per_node: int) -> list[str]:
+def torchrun_command(target: Target, nproc_per_node: int, rendezvous: list[str] | None = None) -> list[str]:
     """``torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher, run by
-    :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro)."""
-    return [target.interpreter, *target.python_flags, "-m", "torchrepro.record.launcher", TORCHRUN_KIND, "--standalone",
-            f"--nproc-per-node={nproc_per_node}", "--no-python", *target.child_command()]
+    :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro). ``rendezvous``
+    replaces ``--standalone`` for one node of several (``--nnodes N --node-rank R --rdzv-endpoint ...``)."""
+    return [target.interpreter, *target.python_flags, "-m", "torchrepro.record.launcher", TORCHRUN_KIND,
+            *(rendezvous if rendezvous else ["--standalone"]), f"--nproc-per-node={nproc_per_node}", "--no-python",
+            *target.child_command()]
+
+
+# torchrun options passed on for one node of several: how the nodes find each other
+_RENDEZVOUS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr",
+               "master_port", "local_addr")
+
+
+@dataclass(frozen=True)
+class TorchrunSpec:
+    """A torchrun command, understood: the Python command of every rank, ranks per node, and for several
+    nodes the rendezvous options (passed on to torchrun as they were given)."""
+
+    python_command: list[str]
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous: tuple[str, ...] = ()
+    static: bool = True  # ranks numbered node_rank * nproc_per_node + local rank (torchrun's static rendezvous)
 
 
 def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
     """``torchrun [OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``) as ``(python command,
     nproc_per_node)``; None when ``command`` is not a torchrun command.
 
-    torchrun's own parser reads the options. Only one node is supported; rendezvous and logging options are
-    replaced (each run gets ``--standalone``); options that change what runs (``--nnodes`` > 1, restarts,
-    ``--no-python``) are refused.
+    torchrun's own parser reads the options. Only one node is supported here (``torchrepro run`` takes several:
+    :func:`parse_torchrun`); rendezvous and logging options are replaced (each run gets ``--standalone``);
+    options that change what runs (``--nnodes`` > 1, restarts, ``--no-python``) are refused.
 
-    >>> parse_torchrun_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])  # doctest: +SKIP
+    >>> parse_torchrun_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])
     (['python', 'train.py', '--lr', '0.1'], 2)
+    """
+    spec = parse_torchrun(command)
+    if spec is None:
+        return None
+    if spec.nnodes > 1:
+        raise CommandError(f"this command runs torchrun commands on one machine; remove --nnodes {spec.nnodes} from "
+                           f"`{' '.join(command)}`, or record each node with `torchrepro run --record DIR -- "
+                           f"{' '.join(command)}` and compare two such runs with `torchrepro diff` (see "
+                           "docs/distributed.md).")
+    return spec.python_command, spec.nproc_per_node
+
+
+def parse_torchrun(command: list[str]) -> TorchrunSpec | None:
+    """A torchrun command as a :class:`TorchrunSpec` (None when ``command`` is not one); ``--nnodes N`` (a fixed
+    number) with its rendezvous options is kept for a run on several nodes.
+
+    >>> spec = parse_torchrun(["torchrun", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
+    ...                        "--master-port", "29500", "--nproc-per-node", "4", "train.py"])
+    >>> spec.nnodes, spec.node_rank, spec.rendezvous
+    (2, 1, ('--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500'))
     """
     words = list(command)
     interpreter = "python"
@@ -183,11 +235,16 @@ def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
                            f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else 'bad options'}"
                            ".") from None
     defaults = vars(parser.parse_args([args.training_script]))
-    for name, allowed in _TORCHRUN_REFUSED.items():
+    nnodes = _nnodes(args.nnodes, command)
+    refused = {k: v for k, v in _TORCHRUN_REFUSED.items() if nnodes == 1 or k not in ("nnodes", "node_rank")}
+    for name, allowed in refused.items():
         if getattr(args, name) not in allowed and getattr(args, name) != defaults[name]:
-            raise CommandError(f"torchrepro runs torchrun commands on one machine, without restarts, with Python "
-                               f"scripts; remove --{name.replace('_', '-')} {getattr(args, name)} from "
-                               f"`{' '.join(command)}`.")
+            raise CommandError(f"torchrepro runs torchrun commands without restarts, with Python scripts; remove "
+                               f"--{name.replace('_', '-')} {getattr(args, name)} from `{' '.join(command)}`.")
+    if nnodes > 1 and args.standalone:
+        raise CommandError(f"--standalone starts a rendezvous on this machine only, so it cannot join {nnodes} "
+                           f"nodes; remove it from `{' '.join(command)}` and give --rdzv-endpoint (or --master-addr "
+                           "and --master-port).")
     try:
         nproc = int(args.nproc_per_node)
     except ValueError:
@@ -196,7 +253,23 @@ def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
     if nproc < 1:
         raise CommandError(f"torchrun's --nproc-per-node must be at least 1, got {nproc}.")
     script = ["-m", args.training_script] if args.module else [args.training_script]
-    return [interpreter, *script, *args.training_script_args], nproc
+    rendezvous = tuple(f"--{n.replace('_', '-')}={getattr(args, n)}" for n in _RENDEZVOUS
+                       if getattr(args, n) != defaults[n] or n == "nnodes") if nnodes > 1 else ()
+    return TorchrunSpec([interpreter, *script, *args.training_script_args], nproc, nnodes, int(args.node_rank),
+                        rendezvous, static=args.rdzv_backend == "static")
+
+
+def _nnodes(value: str, command: list[str]) -> int:
+    """torchrun's ``--nnodes`` as a fixed number of nodes (an elastic range MIN:MAX is refused)."""
+    low, _, high = str(value).partition(":")
+    try:
+        n, top = int(low), int(high or low)
+    except ValueError:
+        n, top = 0, -1
+    if n < 1 or n != top:
+        raise CommandError(f"torchrun's --nnodes {value} in `{' '.join(command)}`: torchrepro needs a fixed number of "
+                           "nodes (e.g. --nnodes 2), so that every run has the same ranks to compare.")
+    return n
 
 
 def ranks_command(command: list[str], nproc_per_node: int | None) -> tuple[list[str], int | None]:
@@ -217,6 +290,7 @@ class LaunchOptions:
     record: str | None = None
     seed: int | None = None
     deterministic: bool = False
+    determinism: dict[str, Any] = field(default_factory=dict)  # deterministic() keywords: settings left out
     max_steps: int | None = None
     keep_values: bool = False
     values_budget: int | None = None  # bytes of value snapshots per run (None: the recorder's default)
@@ -228,15 +302,22 @@ class LaunchOptions:
     timing: bool = False  # record step boundaries only (no fingerprints), device-synchronised: see bench
     torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
     nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
+    nnodes: int = 1  # with nproc_per_node: this is one node of several (record each global rank into RECORD/rankG)
+    node_rank: int = 0  # torchrun's --node-rank (the node's ranks under its static rendezvous)
+    rendezvous: list[str] | None = None  # torchrun's rendezvous options for several nodes (replace --standalone)
+    static_ranks: bool = True  # ranks numbered node_rank * nproc_per_node + local rank (static rendezvous)
     rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
     cwd: str | None = None  # the script's working directory (None: this process's); see check --fresh-cwd
     watch_since_ns: int | None = None  # audit reads under the cwd of files changed since then (workdir.ReadAudit)
+    resume_at: dict[str, Any] | None = None  # check --resume-at: {"phase", "step", "checkpoint"} (resumeat.ResumePlan)
+    divergence_stop: dict[str, Any] | None = None  # check: stop K steps after a divergence (divergence.DivergenceWatch)
+    gate_fd: int | None = None  # the child waits on this pipe before the script runs (start_gated)
 
 
 @dataclass
 class RunResult:
     returncode: int
-    status: str  # ok | failed | killed | stopped-at-max-steps
+    status: str  # ok | failed | killed | stopped-at-max-steps | stopped-after-divergence
     record: str | None
     manifest: dict[str, Any] | None
 
@@ -252,7 +333,7 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
     env["PYTHONHASHSEED"] = hash_seed(opts)
     if opts.seed is not None:
         env["TORCHREPRO_SEED"] = str(opts.seed)
-    if opts.deterministic:
+    if opts.deterministic and opts.determinism.get("cublas_workspace", ":4096:8") is not None:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     env[CONFIG_ENV] = json.dumps(asdict(opts))
     env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
@@ -286,7 +367,11 @@ GRACE_S = 10.0
 
 
 class _SignalForwarder:
-    """While active, SIGTERM/SIGHUP to this process are passed on to the child instead of ending us at once."""
+    """While active, SIGTERM/SIGHUP to this process are passed on to the child instead of ending us at once.
+
+    In a thread other than the main one (``check --parallel`` launches its runs from threads) no handler is
+    installed: the main thread passes a signal on to every active forwarder with :func:`interrupt_all`.
+    """
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[Any] | None = None
@@ -306,9 +391,11 @@ class _SignalForwarder:
         if threading.current_thread() is threading.main_thread():
             for sig in FORWARDED:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        _ACTIVE.add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _ACTIVE.discard(self)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
@@ -320,6 +407,18 @@ class _SignalForwarder:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+_ACTIVE: set[_SignalForwarder] = set()  # the forwarders of the launches running now, in any thread
+
+
+def interrupt_all(signum: int, *, forward: bool = True) -> None:
+    """Stop every launch running now as if this process had got ``signum`` (each raises ``Interrupted`` once its
+    script has ended); ``forward=False``: only mark them (a Ctrl-C has reached the scripts already)."""
+    for fwd in list(_ACTIVE):
+        fwd.received = fwd.received or signum
+        if forward:
+            fwd.forward(signum)
 
 
 def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
@@ -339,6 +438,9 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     record = Path(opts.record)
     check_run_dir(record, flag="--record")
     make_dir(record, flag="--record")
+    if opts.nnodes > 1:  # the other nodes may be recording into this directory too: each rank clears its own
+        return _run_child(target, command, dataclasses.replace(
+            opts, extra_env={**opts.extra_env, NODE_TOKEN_ENV: uuid.uuid4().hex}), stdout, stderr, on_poll)
     with lock_dir(record):
         clear_run_dir(record)
         return _run_child(target, command, opts, stdout, stderr, on_poll)
@@ -347,28 +449,43 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
 def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: IO[Any] | None,
                stderr: IO[Any] | None, on_poll: Any) -> RunResult:
     started = time.time()
-    counter = _StepCounter(Path(opts.record) / ("rank0" if opts.nproc_per_node else "")) if opts.record else None
     with _SignalForwarder() as fwd:
+        fwd.proc = _spawn(target, opts, stdout, stderr)
+        return _supervise(fwd, command, opts, started, stderr, on_poll)
+
+
+def _spawn(target: Target, opts: LaunchOptions, stdout: IO[Any] | None, stderr: IO[Any] | None,
+           pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    try:
+        cmd = (torchrun_command(target, opts.nproc_per_node, opts.rendezvous) if opts.nproc_per_node
+               else target.child_command())
+        return subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd,
+                                pass_fds=pass_fds)
+    except OSError as exc:
+        raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
+
+
+def _supervise(fwd: _SignalForwarder, command: list[str], opts: LaunchOptions, started: float,
+               stderr: IO[Any] | None, on_poll: Any) -> RunResult:
+    """Wait for ``fwd.proc`` (signals passed on, progress polled), then write the manifest (:func:`_finish_run`)."""
+    proc = fwd.proc
+    assert proc is not None
+    first_rank = f"rank{opts.node_rank * (opts.nproc_per_node or 1)}" if opts.nproc_per_node else ""
+    counter = _StepCounter(Path(opts.record) / first_rank) if opts.record else None
+    try:
+        while proc.poll() is None and fwd.received is None:
+            if on_poll is not None and counter is not None:
+                on_poll(counter())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+    except KeyboardInterrupt:  # Ctrl-C reaches the child too; pass it on only if the child carries on
+        fwd.received = signal.SIGINT
         try:
-            cmd = torchrun_command(target, opts.nproc_per_node) if opts.nproc_per_node else target.child_command()
-            proc = subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd)
-        except OSError as exc:
-            raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
-        fwd.proc = proc
-        try:
-            while proc.poll() is None and fwd.received is None:
-                if on_poll is not None and counter is not None:
-                    on_poll(counter())
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=0.2)
-        except KeyboardInterrupt:  # Ctrl-C reaches the child too; pass it on only if the child carries on
-            fwd.received = signal.SIGINT
-            try:
-                proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                fwd.forward(signal.SIGINT)
-        if fwd.received is not None:
-            fwd.wait_for_child()
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            fwd.forward(signal.SIGINT)
+    if fwd.received is not None:
+        fwd.wait_for_child()
     result = _finish_run(command, opts, proc.returncode, started, interrupted=fwd.received,
                          log=getattr(stderr, "name", None))
     if fwd.received is not None:
@@ -377,6 +494,94 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
         raise Interrupted(fwd.received, f"interrupted by {name}: stopped the script `{' '.join(command)}` "
                                         f"(exit status {proc.returncode}){where}.")
     return result
+
+
+@dataclass
+class GatedLaunch:
+    """A recorded run whose interpreter has started (torch imported) but waits before the script runs.
+
+    Made by :func:`start_gated`; :meth:`release` runs the script as :func:`launch` would and returns its outcome,
+    :meth:`cancel` ends the process unrun (it has run no code of the script: killing it loses nothing). One of the
+    two must be called: the run directory stays locked until then.
+    """
+
+    command: list[str]
+    opts: LaunchOptions
+    stderr: IO[Any] | None
+    proc: subprocess.Popen[bytes]
+    gate: int  # the write end of the pipe the child waits on
+    lock: contextlib.ExitStack
+
+    def release(self, on_poll: Any = None) -> RunResult:
+        """Let the script start; wait for it as :func:`launch` does (signals, progress, manifest)."""
+        note = hash_seed_note(self.opts)
+        if note:
+            print(note, file=sys.stderr, flush=True)
+        with self.lock, _SignalForwarder() as fwd:
+            fwd.proc = self.proc
+            started = time.time()
+            with contextlib.suppress(OSError):  # the child died before the gate (its stderr says why): reported below
+                os.write(self.gate, GATE_GO)
+            os.close(self.gate)
+            return _supervise(fwd, self.command, self.opts, started, self.stderr, on_poll)
+
+    def cancel(self) -> None:
+        """End the waiting process (SIGKILL: no code of the script has run) and unlock the run directory."""
+        with self.lock:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            os.close(self.gate)
+
+
+GATE_GO = b"g"  # what the parent writes to let a gated child run its script (EOF instead: exit unrun)
+
+
+def start_gated(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
+                stderr: IO[Any] | None = None) -> GatedLaunch:
+    """Start the interpreter of a recorded run of ``command`` now, and hold it before the script runs.
+
+    The child does everything a launched run does before the script (start the interpreter, import torch and
+    torchrepro) and then waits on a pipe, so that ``check`` can overlap that start-up with the run before it
+    (``check --no-prestart`` turns that off). The seeding, deterministic mode and the recorder are set up only
+    after the gate opens, and the script runs exactly as it would under :func:`launch`. One process only (no
+    torchrun, one node); POSIX (the gate is an inherited pipe).
+    """
+    if opts.nproc_per_node or not opts.record or not hasattr(os, "pipe"):
+        raise ValueError("start_gated: a recorded run of one process only")
+    target = parse_python_command(command)
+    record = Path(opts.record)
+    check_run_dir(record, flag="--record")
+    make_dir(record, flag="--record")
+    lock = contextlib.ExitStack()
+    lock.enter_context(lock_dir(record))
+    try:
+        clear_run_dir(record)
+        read, write = os.pipe()
+        try:
+            proc = _spawn(target, dataclasses.replace(opts, gate_fd=read), stdout, stderr, pass_fds=(read,))
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+    except BaseException:
+        lock.close()
+        raise
+    return GatedLaunch(command, opts, stderr, proc, write, lock)
+
+
+def _wait_for_gate(fd: int) -> None:
+    """In a gated child: wait until the parent lets the script run; exit at once (code 0, nothing written) when it
+    closes the gate instead (``check`` ended before this run's turn)."""
+    try:
+        go = os.read(fd, 1)
+    except OSError:
+        go = b""
+    finally:
+        os.close(fd)
+    if go != GATE_GO:
+        os._exit(0)
 
 
 def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float, *,
@@ -392,9 +597,14 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
         if os.path.lexists(spath):
             summary = read_summary(spath)
             spath.unlink()
+    internal = summary.pop(INTERNAL_KEY, None)
+    if internal is not None:
+        summary = {}
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and summary.get("stopped_at_max_steps"):
         status = "stopped-at-max-steps"
+    if rc == 0 and summary.get("stopped"):
+        status = "stopped-after-divergence"
     if interrupted is not None:
         status = "interrupted"
     if opts.record:
@@ -416,6 +626,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
             "seed": opts.seed,
             "deterministic": opts.deterministic,
+            "determinism_options": opts.determinism,
             "max_steps": opts.max_steps,
             "trace_steps": opts.trace_steps,
             "pythonhashseed": hash_seed(opts),
@@ -425,7 +636,19 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             **summary,
         }
         manifest = write_manifest(opts.record, manifest)
+    if internal is not None:
+        raise _internal_error(command, str(internal), log)
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+def _internal_error(command: list[str], what: str, log: Any) -> InternalError:
+    """The error for torchrepro's own code failing in the launched process (``_end_safely``)."""
+    where = f" Its traceback is in {log}." if isinstance(log, str) else " Its traceback is above."
+    error = InternalError(f"torchrepro's own code failed in the process that ran `{' '.join(command)}`, after "
+                          f"the script ended: {what}. This is a bug in torchrepro, not in your script.{where} "
+                          "Please report it with that traceback.")
+    error.stderr_path = log if isinstance(log, str) else None  # type: ignore[attr-defined]
+    return error
 
 
 _FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -471,7 +694,8 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
     reported, root = torchrun_failures(text)
     ranks: dict[str, dict[str, Any]] = {}
     ends: dict[int, float] = {}
-    for r in range(n):
+    base = _node_base(record, opts, n)
+    for r in range(base, base + n):
         rank_dir = record / f"rank{r}"
         rank_dir.mkdir(exist_ok=True)
         code, ended = _rank_exit(rank_dir, reported, r)
@@ -485,24 +709,71 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
                              "steps": (res.manifest or {}).get("steps", 0)}
     failed = [int(k[4:]) for k, v in ranks.items() if v["status"] not in ("ok", "stopped-at-max-steps")]
     failed_ends = {r: ends[r] for r in failed if r in ends}
-    first = root if root is not None else (min(failed_ends, key=failed_ends.get) if failed_ends else
+    first = root if root is not None else (min(failed_ends, key=failed_ends.get) if failed_ends else  # type: ignore[arg-type]
                                            (failed[0] if failed else None))
     status = "ok" if rc == 0 else ("killed" if rc < 0 else "failed")
     if rc == 0 and ranks and all(v["status"] == "stopped-at-max-steps" for v in ranks.values()):
         status = "stopped-at-max-steps"
     if interrupted is not None:
         status = "interrupted"
-    first_rank = ranks.get("rank0", {})
-    manifest = write_manifest(record, {
+    first_rank = ranks.get(f"rank{base}", {})
+    fields = {
         "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
         "ended_early": ended_early(ranks, ends, failed),
-        "seed": opts.seed, "deterministic": opts.deterministic, "max_steps": opts.max_steps,
+        "seed": opts.seed, "deterministic": opts.deterministic,
+        "determinism_options": opts.determinism, "max_steps": opts.max_steps,
         "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
         "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
-    })
+    }
+    if opts.nnodes > 1:
+        node = base // n
+        fields.update(nnodes=opts.nnodes, node=node, world_size=opts.nnodes * n)
+        make_dir(record / f"node{node}", flag="--record")
+        write_manifest(record / f"node{node}", fields)
+        # the nodes of a run recorded into one directory end at about the same time: each merges the node
+        # manifests and writes the run's manifest in turn, so the one that goes last sees every node's
+        with lock_dir(record, wait_s=60.0):
+            manifest = write_manifest(record, merged_nodes_manifest(record, fields))
+        return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+    manifest = write_manifest(record, fields)
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
+
+
+def _node_base(record: Path, opts: LaunchOptions, n: int) -> int:
+    """The first global rank of this node: ``group_rank * n`` as its ranks wrote it down (a dynamic rendezvous
+    numbers the nodes as they join), else ``node_rank * n`` (torchrun's static rendezvous)."""
+    if opts.nnodes <= 1:
+        return 0
+    token = opts.extra_env.get(NODE_TOKEN_ENV)
+    for child in sorted(record.glob("rank*/child.json")):
+        summary = read_summary(child)
+        if token and summary.get("node_token") == token and isinstance(summary.get("group_rank"), int):
+            return int(summary["group_rank"]) * n
+    return opts.node_rank * n
+
+
+def merged_nodes_manifest(record: Path, mine: dict[str, Any]) -> dict[str, Any]:
+    """The run's manifest from the node manifests in ``record`` (``nodeN/manifest.json``) so far: every node's
+    ranks, statuses and the first failure; this node's fields otherwise. On a shared file system the node that
+    ends last writes the complete one; readers take the node manifests as the truth (store.load_ranks)."""
+    nodes = []
+    for path in sorted(record.glob("node*/manifest.json")):
+        doc = read_summary(path)
+        if isinstance(doc.get("ranks"), list) and isinstance(doc.get("rank_status"), dict) and \
+                doc.get("nnodes") == mine["nnodes"] and isinstance(doc.get("node"), int) and \
+                0 <= doc["node"] < mine["nnodes"]:  # not a node of an earlier, larger run recorded here
+            nodes.append(doc)
+    if not nodes:
+        return mine
+    ranks = sorted({r for d in nodes for r in d["ranks"]}, key=lambda name: int(name[4:]))
+    status = {r: v for d in nodes for r, v in d["rank_status"].items()}
+    bad = [d for d in nodes if d.get("status") not in ("ok", "stopped-at-max-steps")]
+    failed = [d["failed_rank"] for d in nodes if isinstance(d.get("failed_rank"), int)]
+    return {**mine, "ranks": ranks, "rank_status": status, "nodes": [f"node{d.get('node')}" for d in nodes],
+            "status": bad[0]["status"] if bad else mine["status"], "failed_rank": min(failed) if failed else None,
+            "exit_code": bad[0].get("exit_code", mine["exit_code"]) if bad else mine["exit_code"]}
 
 
 def ended_early(ranks: dict[str, dict[str, Any]], ends: dict[int, float], failed: list[int]) -> list[int]:
@@ -510,8 +781,8 @@ def ended_early(ranks: dict[str, dict[str, Any]], ends: dict[int, float], failed
     if not failed:
         return []
     first_failure = min((ends[r] for r in failed if r in ends), default=float("inf"))
-    return [r for r in range(len(ranks))
-            if ranks[f"rank{r}"]["status"] == "ok" and ends.get(r, first_failure) < first_failure]
+    return [int(name[4:]) for name, info in ranks.items()
+            if info["status"] == "ok" and ends.get(int(name[4:]), first_failure) < first_failure]
 
 
 class _StepCounter:
@@ -560,7 +831,7 @@ def _set_tf32(on: bool) -> None:
         precision = "tf32" if on else "ieee"
         torch.backends.cuda.matmul.fp32_precision = precision
         conv.fp32_precision = precision
-        torch.backends.cudnn.rnn.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = precision  # type: ignore[attr-defined]
     else:
         torch.backends.cuda.matmul.allow_tf32 = on
         torch.backends.cudnn.allow_tf32 = on
@@ -654,8 +925,12 @@ def _run_code(code: str) -> None:
 def _child_main(argv: list[str]) -> int:
     _die_with_parent(_parent_pid())
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
+    # gated (start_gated): a Ctrl-C meant for the run before this one must not end this one while it waits
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if opts.gate_fd is not None else None
     if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
         opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
+        if opts.nnodes > 1:  # the run's directory may be shared with the other nodes: only this rank's is cleared
+            prepare_run_dir(Path(opts.record))
         if opts.rank_output:
             _redirect_output(Path(opts.record))
     from ..control import determinism, seeding
@@ -663,26 +938,38 @@ def _child_main(argv: list[str]) -> int:
     from .recorder import MaxStepsReached, Recorder
     from .workdir import ReadAudit
 
+    if opts.gate_fd is not None:
+        _wait_for_gate(opts.gate_fd)
+        signal.signal(signal.SIGINT, sigint if sigint is not None else signal.SIG_DFL)
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
     if opts.deterministic:
-        determinism.deterministic(True)
+        determinism.deterministic(True, **opts.determinism)
     for flag, value in opts.torch_flags.items():
         TORCH_FLAGS[flag](value)
     probe = ScriptProbe().install() if opts.audit else None
     recorder = None
+    plan = None
+    if opts.resume_at is not None:
+        from .resumeat import ResumePlan
+
+        plan = ResumePlan.from_options(opts.resume_at)
     if opts.record:
-        budget = {} if opts.values_budget is None else {"values_budget": opts.values_budget}
+        budget: dict[str, Any] = {} if opts.values_budget is None else {"values_budget": opts.values_budget}
         recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps, **budget,
                             value_schedule=opts.value_schedule,
                             trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
-                            trace_mode=opts.trace_mode, timing=opts.timing).install()
+                            trace_mode=opts.trace_mode, timing=opts.timing, divergence=opts.divergence_stop,
+                            **(plan.recorder_options() if plan is not None else {})).install()
+    if plan is not None:
+        plan.install(recorder)
     audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
-    end = _ChildEnd(recorder, probe, audit, opts.record)
+    end = _ChildEnd(recorder, probe, audit, opts.record, plan)
     if recorder is not None:
         _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
+    ThreadEnvAtImport().install()  # a thread count the script exports before its `import torch` still counts
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
     code = 0
     stopped = False
@@ -706,10 +993,33 @@ def _child_main(argv: list[str]) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        end(code, stopped)
+        code = _end_safely(end, code, stopped)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+INTERNAL_KEY = "torchrepro_internal_error"  # in child.json: torchrepro's own code failed (see _end_safely)
+INTERNAL_EXIT = 3  # the CLI's exit code for a bug in torchrepro
+
+
+def _end_safely(end: _ChildEnd, code: int, stopped: bool) -> int:
+    """Write the child's summary; if torchrepro's own code fails doing so, say so (not the script's fault).
+
+    The traceback goes to stderr, and ``child.json`` gets only ``INTERNAL_KEY`` (the exception in one line) so
+    that the parent reports a bug in torchrepro (exit 3) instead of telling the user to fix the script.
+    """
+    try:
+        end(code, stopped)
+        return code
+    except Exception as exc:  # noqa: BLE001 - any failure here is ours; the parent names it
+        traceback.print_exc()
+        what = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        print(f"torchrepro: internal error after the script ended (a bug in torchrepro, not in the script): {what}",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            atomic_write_json(Path(str(end.record)) / "child.json", {INTERNAL_KEY: what, "child_exit_code": code})
+        return INTERNAL_EXIT
 
 
 @dataclass
@@ -721,6 +1031,7 @@ class _ChildEnd:
     probe: Any  # envinfo.ScriptProbe or None
     audit: Any  # workdir.ReadAudit or None
     record: str | None
+    plan: Any = None  # resumeat.ResumePlan or None
     pid: int = field(default_factory=os.getpid)
     written: bool = False
 
@@ -732,14 +1043,22 @@ class _ChildEnd:
         from .workdir import READS_KEY
 
         summary = self.recorder.finish()
-        summary["stopped_at_max_steps"] = stopped or bool(summary.get("stopped_at_max_steps"))
+        summary["stopped_at_max_steps"] = (stopped or bool(summary.get("stopped_at_max_steps"))) and \
+            not summary.get("stopped")
         summary["environment"] = environment_summary()
         if self.probe is not None:
             summary["audit_probe"] = self.probe.facts()
         summary["peak_memory"] = peak_memory()
         if self.audit is not None:
             summary[READS_KEY] = self.audit.facts()
+        if self.plan is not None:
+            from .resumeat import FACTS_KEY
+
+            summary[FACTS_KEY] = self.plan.facts()
         summary["torch"] = sys.modules["torch"].__version__
+        if os.environ.get(NODE_TOKEN_ENV):  # one node of several: which launch and node this rank belonged to
+            summary["node_token"] = os.environ[NODE_TOKEN_ENV]
+            summary["group_rank"] = int(os.environ.get("GROUP_RANK", "0"))
         summary["child_exit_code"], summary["child_ended"] = code, time.time()
         atomic_write_json(Path(str(self.record)) / "child.json", summary)
 
@@ -754,6 +1073,60 @@ def _write_summary_on_os_exit(end: _ChildEnd) -> None:
         real_exit(status)
 
     os._exit = _exit  # type: ignore[assignment]
+
+
+class ThreadEnvAtImport:
+    """Apply, at the script's first ``import torch``, a thread count the script put into the environment before it.
+
+    The launcher imports torch before the script runs (seeding, deterministic mode and the recorder need it), and
+    torch reads ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` when it is imported. A script that sets one at its top
+    (``os.environ["OMP_NUM_THREADS"] = "1"``, then ``import torch``) runs with that many threads on its own, but
+    would run with torch's default under torchrepro: other numerics (reductions split across threads) and, with a
+    kernel that is nondeterministic only with 2+ threads, another verdict. So the first import of torch (or of a
+    module of it) by the script's code sets the thread count as torch's own start-up would have: MKL_NUM_THREADS
+    over OMP_NUM_THREADS, a positive integer (the first of a comma-separated list). Only when the script changed one
+    of them: a count exported before the launch already reached torch.
+    """
+
+    VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+    def __init__(self) -> None:
+        self.launched = {name: os.environ.get(name) for name in self.VARS}
+        self._original = builtins.__import__
+        self.done = False
+
+    def install(self) -> ThreadEnvAtImport:
+        builtins.__import__ = self._import
+        return self
+
+    def uninstall(self) -> None:
+        if builtins.__import__ == self._import:
+            builtins.__import__ = self._original
+
+    def _import(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if not self.done and level == 0 and (name == "torch" or name.startswith("torch.")):
+            self.done = True  # once, even if another wrapper of __import__ now calls this one
+            self.uninstall()
+            self.apply()
+        return self._original(name, globals, locals, fromlist, level)
+
+    def threads(self) -> int | None:
+        """The thread count the script's environment asks for, or None (unchanged since the launch, or invalid)."""
+        if all(os.environ.get(name) == self.launched[name] for name in self.VARS):
+            return None
+        count = None
+        for name in self.VARS:  # torch's own order: MKL_NUM_THREADS overrides OMP_NUM_THREADS
+            first = (os.environ.get(name) or "").split(",")[0].strip()
+            if first.isdigit() and int(first) > 0:
+                count = int(first)
+        return count
+
+    def apply(self) -> None:
+        count = self.threads()
+        if count is not None:
+            import torch
+
+            torch.set_num_threads(count)
 
 
 def freeze_heap() -> None:

@@ -1,4 +1,4 @@
-"""Metrics that a training script reports to torchrepro: ``torchrepro.log_metric(name, value)`` (layer L2).
+"""Metrics that a training script reports to torchrepro: ``torchrepro.log_metric(name, value)``.
 
 Under ``torchrepro run --record``, ``check`` and ``variance`` (and inside :func:`torchrepro.watch`), each call writes
 one ``metric`` event into the run's ``trace.jsonl``: the name, the exact value (``float.hex``), the step count so

@@ -1,15 +1,17 @@
 """An operation tracer: every ATen op with fingerprints of its inputs and outputs, module path, phase and
-the user's source line (layer L2).
+the user's source line.
 
 Built on ``TorchDispatchMode`` (one record per ATen op, below autograd) plus a ``TorchFunctionMode`` that
 notes the user's source line of each torch call and of each autograd node it creates, so that backward ops
 point to the forward line that created them.
 
 Example:
-    >>> with torchrepro.trace_ops() as trace:              # doctest: +SKIP
-    ...     loss = model(x).sum(); loss.backward()
-    >>> trace.ops[0]["op"], trace.ops[0]["module"], trace.ops[0]["line"]  # doctest: +SKIP
-    ('aten.addmm', 'fc', 12)
+    >>> import collections, torch, torchrepro
+    >>> model = torch.nn.Sequential(collections.OrderedDict(fc=torch.nn.Linear(4, 2)))
+    >>> with torchrepro.trace_ops(model) as trace:
+    ...     loss = model(torch.ones(3, 4)).sum(); loss.backward()
+    >>> [(op["op"], op["phase"], op["module"]) for op in trace.ops if op["op"] in ("aten.addmm", "aten.mm")]
+    [('aten.addmm', 'forward', 'fc'), ('aten.mm', 'backward', 'fc')]
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._core.errors import RunDirError, StateFileError
-from .._core.fingerprint import UnfingerprintableError, check_fingerprintable, fingerprint_many, plain_cpu_fingerprint
+from .._core.fingerprint import (
+    UnfingerprintableError,
+    check_fingerprintable,
+    fingerprint_many,
+    plain_cpu_fingerprint,
+    small_cpu_fingerprint,
+)
 from .._core.modules import ModuleContext, discover_models
 from .._core.ompteam import signals_deferred
 from .._core.readjson import open_regular, read_jsonl
+from .opvalues import OP_VALUES, OpValues
 
 # Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
 RNG_OPS = frozenset({
@@ -82,7 +91,7 @@ def _site_of(frame: FrameType | None) -> tuple[str, int, str] | None:
 
 
 def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, str] | None:
-    return _site_of(site) if type(site) is FrameType else site  # type: ignore[arg-type]
+    return _site_of(site) if type(site) is FrameType else site
 
 
 _MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
@@ -139,6 +148,18 @@ def _scalar_repr(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
+def _unchanged(t: torch.Tensor, last: list[tuple[torch.Tensor, int, int, str]]) -> str | None:
+    """The fingerprint ``t`` had as an output of the previous op, if it is one and its version counter and data
+    pointer are the same (an in-place op bumps the version after it returns: its outputs are hashed again)."""
+    for held, version, ptr, fp in last:
+        if held is t:
+            try:
+                return fp if t._version == version and t.data_ptr() == ptr else None
+            except RuntimeError:
+                return None
+    return None
+
+
 def _version(t: torch.Tensor) -> int:
     """The tensor's version counter, or -1 when it has none (inference tensors): never cached."""
     try:
@@ -155,30 +176,70 @@ class _FpCache:
     is alive (a weak reference, so freed-and-reused memory never matches) and the version counter, which every
     in-place op bumps, is unchanged. The recorder clears the cache at each step boundary, since writes through
     ``.data`` do not bump the version counter.
+
+    Small CPU tensors (``small_cpu_fingerprint``) are hashed again each time they are seen: that costs less
+    than a lookup, and is never stale. The exception: memory marked uninitialized (``torch.empty``) keeps its
+    mark until written, so while marks exist, a small tensor whose key has one is looked up first.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple, tuple[Any, int, str]] = {}
+        self._cache: dict[tuple[Any, ...], tuple[Any, int, str]] = {}
         self._pending: list[tuple[torch.Tensor, str]] = []
+        # The small outputs of the last op, with their version and data pointer when hashed: the next op's inputs
+        # are mostly these very tensors. Emptied by every op once its inputs are hashed (see _Dispatch), so it
+        # spans one op: only an op (which empties it) or a write the version counter does not see (through
+        # ``.data``, as for the cache) could change them in between.
+        self.last: list[tuple[torch.Tensor, int, int, str]] = []
+        self._uninitialized: set[tuple[Any, ...]] = set()  # keys marked UNINITIALIZED and maybe not yet written
 
     @staticmethod
-    def _key(t: torch.Tensor) -> tuple:
+    def _key(t: torch.Tensor) -> tuple[Any, ...]:
         return (t.device, t.data_ptr(), t.dtype, t.shape, t.stride())
+
+    def _marked(self, t: torch.Tensor) -> bool:
+        try:
+            return self._key(t) in self._uninitialized
+        except Exception:  # no data pointer: the checked path says why
+            return True
 
     def get(self, tensors: list[torch.Tensor], *, fresh: bool = False) -> list[str]:
         """Fingerprints of ``tensors``; ``fresh=True`` ignores cached values (for op outputs: an in-place op's
         version counter is bumped only after it returns, so a cached value could be stale)."""
         out: list[str | None] = []
         todo: list[int] = []
+        marks = self._uninitialized
+        last = self.last
+        if fresh:
+            self.last = latest = []
         for i, t in enumerate(tensors):
+            if last and not fresh:  # an output of the previous op, unchanged since: no need to hash it again
+                fp = _unchanged(t, last)
+                if fp is not None:
+                    out.append(fp)
+                    continue
+            if fresh or not marks or not self._marked(t):
+                try:
+                    fp = small_cpu_fingerprint(t)
+                    if fp is not None and fresh:
+                        version = _version(t)
+                        if version >= 0:  # inference tensors have no version counter to check
+                            latest.append((t, version, t.data_ptr(), fp))
+                except Exception:  # the checked path below records why
+                    fp = None
+                if fp is not None:
+                    out.append(fp)
+                    continue
             fp = None
             try:
                 if t.layout is not torch.strided or t.is_nested or t.is_meta:
                     check_fingerprintable(t)  # raises with the reason, or lets a readable tensor through
                 if not fresh:
-                    hit = self._cache.get(self._key(t))
+                    key = self._key(t)
+                    hit = self._cache.get(key)
                     if hit is not None and hit[1] == _version(t) and not hit[0].expired():
                         fp = hit[2]
+                    elif key in marks:  # written or freed since it was marked
+                        marks.discard(key)
                 if fp is None:
                     fp = plain_cpu_fingerprint(t)  # most tensors: hashed right here
                     if fp is not None:
@@ -212,57 +273,116 @@ class _FpCache:
             self._put(t, fp)
         self._pending.clear()
 
-    def _put(self, t: torch.Tensor, fp: str) -> None:
+    def _put(self, t: torch.Tensor, fp: str) -> bool:
+        """Cache ``fp`` for ``t``; False when ``t`` cannot be cached (no version counter, no storage)."""
         version = _version(t)
         if version < 0:
-            return
+            return False
         try:
             self._cache[self._key(t)] = (StorageWeakRef(t.untyped_storage()), version, fp)
         except (RuntimeError, TypeError, NotImplementedError):
-            pass
+            return False
+        return True
 
     def mark_uninitialized(self, tensors: list[torch.Tensor]) -> list[str]:
         """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them."""
         for t in tensors:
-            self._put(t, UNINITIALIZED)
+            if self._put(t, UNINITIALIZED):
+                self._uninitialized.add(self._key(t))
         return [UNINITIALIZED] * len(tensors)
 
     def clear(self) -> None:
         self._cache.clear()
         self._pending.clear()
+        self._uninitialized.clear()
+        self.last = []
 
 
-_OP_NAMES: dict[Any, str] = {}
 _QUEUE_RECORDS = 512  # records queued before they are encoded and written (see OpTracer.flush)
-_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(separators=) makes one per call
+
+
+def _json_encoder() -> Any:
+    """One JSON encoder for op records, made once (``json.dumps(separators=)`` makes one per call, and
+    ``JSONEncoder.encode`` sets up its C encoder per call): the same text as ``json.dumps(entry,
+    separators=(",", ":"))`` for the JSON types a record holds."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # a Python without the C accelerator of json
+        return json.JSONEncoder(separators=(",", ":")).encode
+    c_encode = make(None, None, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+
+    def encode(entry: dict[str, Any]) -> str:
+        return "".join(c_encode(entry, 0))
+
+    return encode
+
+
+_encode = _json_encoder()
+
+# What the dispatch handler needs to know about an op, looked up once per OpOverload: its name and kind.
+_PLAIN, _SKIP, _EMPTY, _RNG = 0, 1, 2, 3
+_OP_INFO: dict[Any, tuple[str, int]] = {}
+_Tensor = torch.Tensor
+
+
+def _op_info(func: Any) -> tuple[str, int]:
+    name = str(func.overloadpacket)
+    kind = (_SKIP if name in _SKIP_OPS or name.startswith("profiler.") else _EMPTY if name in EMPTY_OPS
+            else _RNG if name in RNG_OPS else _PLAIN)
+    info = _OP_INFO[func] = (name, kind)
+    return info
+
+
+def _arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, in the order :func:`_tensors` finds them (plain ones inline)."""
+    out: list[torch.Tensor] = []
+    for a in args:
+        kind = type(a)
+        if kind is _Tensor:
+            out.append(a)
+        elif kind not in _LEAF_TYPES:
+            _tensors(a, out)
+    if kwargs:
+        _tensors(kwargs, out)
+    return out
 
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, tracer: OpTracer) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.tracer = tracer
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         tr = self.tracer
-        name = _OP_NAMES.get(func)
-        if name is None:
-            name = _OP_NAMES[func] = str(func.overloadpacket)
-        if not tr.recording or name in _SKIP_OPS or name.startswith("profiler."):
-            return func(*args, **kwargs)
-        tr.fps.commit()
-        ins = _tensors(args, [])
-        if kwargs:
-            _tensors(kwargs, ins)
-        in_fps = tr.fps.get(ins)
-        out = func(*args, **kwargs)
-        outs = _tensors(out, [])
-        if name in EMPTY_OPS:
-            out_fps = tr.fps.mark_uninitialized(outs)
+        info = _OP_INFO.get(func) or _op_info(func)
+        kind = info[1]
+        if not tr.recording or kind == _SKIP:
+            if not tr.recording and tr.fps.last:  # ops that run unrecorded may change them
+                tr.fps.last = []
+            return func(*args, **kwargs) if kwargs else func(*args)
+        fps = tr.fps
+        if fps._pending:
+            fps.commit()
+        ins = _arg_tensors(args, kwargs)
+        in_fps = fps.get(ins) if ins else []
+        fps.last = []  # used up: an op that fails half-way through leaves nothing to trust
+        values = tr.values
+        if values is not None:  # inputs before the op runs (an in-place op overwrites them)
+            values.keep(ins, in_fps)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        outs = [out] if type(out) is _Tensor else _tensors(out, [])
+        if kind == _EMPTY:
+            out_fps = fps.mark_uninitialized(outs)
+        elif outs:
+            out_fps = fps.get(outs, fresh=True)  # the small ones become fps.last
         else:
-            out_fps = tr.fps.get(outs, fresh=True) if outs else [_scalar_repr(out)]
-        gen = None if name not in RNG_OPS else "global" if kwargs.get("generator") is None else "private"
-        tr.record(name, in_fps, out_fps, gen)
+            out_fps = [_scalar_repr(out)]
+        if kind != _EMPTY and values is not None:
+            values.keep(outs, out_fps)
+        gen = None
+        if kind == _RNG:
+            gen = "global" if not kwargs or kwargs.get("generator") is None else "private"
+        tr.record(info[0], in_fps, out_fps, gen)
         return out
 
 
@@ -273,31 +393,48 @@ class _Function(TorchFunctionMode):
         super().__init__()
         self.tracer = tracer
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         tr = self.tracer
         if not tr.recording:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         prev = tr.site
+        site: FrameType | tuple[str, int, str] | None
         # The caller's frame, resolved to the user's line only when an op or autograd node needs it: most calls
         # (attribute reads such as ``p.grad``) need neither. While the call runs, the frame stays at its line.
         tr.site = sys._getframe(1)
         tr.depth += 1
         try:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if kwargs else func(*args)
         finally:
             tr.depth -= 1
             site, tr.site = tr.site, prev
-        if torch.is_grad_enabled():
+        if type(out) in _LEAF_TYPES or not _grad_enabled():
+            return out
+        if type(out) is _Tensor:  # most calls: one plain tensor
+            node = out.grad_fn
+            if node is not None and id(node) not in tr.node_sites:
+                self._note(node, site)
+        else:
             for t in _tensors(out, []):
                 node = t.grad_fn
-                if node is not None and id(node) not in tr.node_sites:
-                    site = _resolved(site)
-                    if site is None:
-                        break
-                    tr.node_sites[id(node)] = (site, tr.module_path())
-                    tr.nodes.append(node)  # keep alive so ids stay unique while tracing
+                if node is not None and id(node) not in tr.node_sites and not self._note(node, site):
+                    break
         return out
+
+    def _note(self, node: Any, site: FrameType | tuple[str, int, str] | None) -> bool:
+        """Remember which line and module created an autograd node; False when the line is unknown."""
+        tr = self.tracer
+        resolved = _resolved(site)
+        if resolved is None:
+            return False
+        tr.node_sites[id(node)] = (resolved, tr.module_path())
+        tr.nodes.append(node)  # keep alive so ids stay unique while tracing
+        return True
+
+
+_grad_enabled = torch.is_grad_enabled
+_current_autograd_node = torch._C._current_autograd_node
 
 
 _active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
@@ -331,6 +468,7 @@ def _after_fork_in_child() -> None:
         tracer.keep = False
         tracer._queue = []
         tracer._file = None  # the parent's file object: never written or flushed from here
+        tracer.values = None  # nor its op_values.pt
 
 
 if hasattr(os, "register_at_fork"):
@@ -347,7 +485,7 @@ class OpTracer:
         self.path = Path(path) if path else None
         self.keep = keep
         self._ops: list[dict[str, Any]] = []
-        self._queue: list[tuple] = []  # records not yet encoded (see flush())
+        self._queue: list[tuple[Any, ...]] = []  # records not yet encoded (see flush())
         self.count = 0
         self.step: int | None = None  # set by the recorder: which training step the ops belong to
         self.fps = _FpCache()
@@ -359,8 +497,10 @@ class OpTracer:
         self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
+        self._codes: dict[tuple[str, int, str], str] = {}  # site -> the text of its line (see _encode_queue)
         self.recording = False  # ops are being recorded
         self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
+        self.values = OpValues.from_env() if self.path else None  # tensor copies for compare --locate (opvalues)
 
     # --- context ------------------------------------------------------------------------------------
     def module_path(self) -> str:
@@ -375,17 +515,22 @@ class OpTracer:
 
     def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None) -> None:
         """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private"."""
-        module = self.module_path()
-        site = self.site = _resolved(self.site)  # once per torch call, however many ops it runs
-        node = None if self._context.in_optimizer else torch._C._current_autograd_node()
-        if self._context.in_optimizer:
+        context = self._context
+        stack = context.stack
+        module = stack[-1] if stack else ""  # self.module_path(), inline (once per op)
+        site = self.site
+        if type(site) is FrameType:  # once per torch call, however many ops it runs
+            site = self.site = _site_of(site)
+        if context.in_optimizer:
             phase = "optimizer"
-        elif node is None:
-            phase = "forward"
         else:
-            phase = "backward"
-            found = self.node_sites.get(id(node))
-            site, module = found if found is not None else (None, module)
+            node = _current_autograd_node()
+            if node is None:
+                phase = "forward"
+            else:
+                phase = "backward"
+                found = self.node_sites.get(id(node))
+                site, module = found if found is not None else (None, module)
         self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
         self.count += 1
         if len(self._queue) >= _QUEUE_RECORDS:
@@ -409,6 +554,7 @@ class OpTracer:
     def _encode_queue(self) -> None:
         queue, self._queue = self._queue, []
         lines = []
+        codes = self._codes
         for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
             entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
                      "file": site[0] if site else None, "line": site[1] if site else None,
@@ -416,7 +562,15 @@ class OpTracer:
             if generator is not None:
                 entry["generator"] = generator
             # the line's text is stored now: readers of ops.jsonl never open the paths a record names
-            entry["code"] = _code_line(site[0], site[1], self._lines) if site else ""
+            if site:
+                code = codes.get(site)
+                if code is None:
+                    if len(codes) > 100_000:  # stay bounded
+                        codes.clear()
+                    code = codes[site] = _code_line(site[0], site[1], self._lines)
+                entry["code"] = code
+            else:
+                entry["code"] = ""
             if self._file is not None:
                 lines.append(_encode(entry))
             if self.keep:
@@ -463,7 +617,7 @@ class OpTracer:
         """Put the modes on this thread's mode stacks (they are thread-local), unless they are there."""
         ident = threading.get_ident()
         if ident not in self._modes:
-            modes = [_Function(self), _Dispatch(self)]
+            modes: list[Any] = [_Function(self), _Dispatch(self)]
             for m in modes:
                 m.__enter__()
             self._modes[ident] = modes
@@ -517,6 +671,8 @@ class OpTracer:
                 self._file.close()
             self._file = None
             _active_tracers.discard(self)
+            if self.values is not None and self.path is not None:
+                self.values.save(self.path.with_name(OP_VALUES))
         for other in list(_active_tracers):  # a tracer stopped earlier under this one can leave the stacks now
             if other.active and not other.recording:
                 other.settle()

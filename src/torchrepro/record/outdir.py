@@ -1,4 +1,4 @@
-"""Output directories of torchrepro commands (layer L2): validate, create, guard and lock them.
+"""Output directories of torchrepro commands: validate, create, guard and lock them.
 
 A command may replace only what torchrepro wrote itself: a run directory (``manifest.json`` + ``trace.jsonl``
 and the files beside them) or a check directory (``run1..runN``, ``locate/``, ``check.json`` ...). Anything
@@ -31,11 +31,17 @@ from .._core.readjson import field_problems, read_json
 LOCK = ".torchrepro.lock"
 MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl", "values", "child.json"
 GRAPHS = "compiled_graphs.json"  # measurements of torch.compile'd graphs in a --locate re-run (see compiled.py)
-RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "stdout.txt", "stderr.txt", LOCK}
-CHECK_FILES = {"check.json", "check.png", "locate.json", "locate_ops.txt", LOCK}
+RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "op_values.pt", "stdout.txt", "stderr.txt", LOCK}
+CHECK_FILES = {"check.json", "check.png", "report.html", "locate.json", "locate_ops.txt", "compare.json", "bisect.json",
+               LOCK}
 RUN_NAME = re.compile(r"run\d+")
 RANK_NAME = re.compile(r"rank\d+")  # one rank's run directory inside a run of several ranks (torchrun)
+NODE_NAME = re.compile(r"node\d+")  # one node's manifest (nodeN/manifest.json) inside a run of several nodes
 COPY_NAME = re.compile(r"run\d+-cwd")  # check --fresh-cwd: run N's copy of the working directory (ours)
+RESUMED_NAME = re.compile(r"run\d+-resumed")  # check --resume-at: the process that resumed run N (a run directory)
+CHECKPOINT_NAME = re.compile(r"run\d+-checkpoint")  # check --resume-at: the checkpoint run N's script wrote there
+# compare: the runs of command A and B (``a/run1``, ``b/run1``); bisect: one directory per commit (``c-SHA``)
+SIDE_NAME = re.compile(r"[ab]|c-[0-9a-f]{7,64}")
 NEXT = "Choose a new or empty directory (or delete it yourself if you no longer need it)."
 
 
@@ -53,7 +59,7 @@ def check_run_dir(path: Path, *, flag: str) -> None:
     if not path.is_dir():
         raise OutputDirError(f"{flag} {path}: exists and is not a directory. {NEXT}")
     names = _entries(path) - {"stdout.txt", "stderr.txt", LOCK}
-    ranks = {n for n in names if RANK_NAME.fullmatch(n) and (path / n).is_dir()}
+    ranks = {n for n in names if (RANK_NAME.fullmatch(n) or NODE_NAME.fullmatch(n)) and (path / n).is_dir()}
     for name in sorted(ranks):
         check_run_dir(path / name, flag=flag)
     names -= ranks
@@ -71,11 +77,12 @@ def check_check_dir(path: Path, *, flag: str = "--out") -> None:
     foreign = []
     for name in sorted(_entries(path)):
         entry = path / name
-        if RUN_NAME.fullmatch(name) and entry.is_dir():
+        if (RUN_NAME.fullmatch(name) or RESUMED_NAME.fullmatch(name)) and entry.is_dir():
             check_run_dir(entry, flag=flag)
-        elif COPY_NAME.fullmatch(name) and entry.is_dir() and not entry.is_symlink():
+        elif ((COPY_NAME.fullmatch(name) or CHECKPOINT_NAME.fullmatch(name)) and entry.is_dir()
+              and not entry.is_symlink()):
             continue
-        elif name == "locate" and entry.is_dir():
+        elif entry.is_dir() and (name == "locate" or SIDE_NAME.fullmatch(name) and not entry.is_symlink()):
             check_check_dir(entry, flag=flag)
         elif name in CHECK_FILES and not entry.is_dir():
             continue
@@ -86,10 +93,17 @@ def check_check_dir(path: Path, *, flag: str = "--out") -> None:
                              f"({foreign[:5]}); torchrepro replaces only its own check output. {NEXT}")
 
 
-def make_dir(path: Path, *, flag: str, parents: bool = False) -> Path:
-    """Create ``path`` (its parent must exist unless ``parents``); turn OS errors into a clear OutputDirError."""
+def make_dir(path: Path, *, flag: str, parents: bool = True) -> Path:
+    """Create ``path`` and any missing parents (as ``mkdir -p`` and ``torchrepro.watch`` do).
+
+    ``parents=False`` refuses a missing parent instead. OS errors become a clear OutputDirError.
+    """
     if path.exists() and not path.is_dir():
         raise OutputDirError(f"{flag} {path}: exists and is not a directory. {NEXT}")
+    blocker = _file_in_the_way(path)
+    if blocker is not None:
+        raise OutputDirError(f"{flag} {path}: {blocker} is a file, not a directory, so {path} cannot be created "
+                             "under it. Pass a path under a directory.")
     if not parents and not path.parent.is_dir():
         raise OutputDirError(f"{flag} {path}: the parent directory {path.parent} does not exist. "
                              "Create it first, or pass a path under an existing directory.")
@@ -99,6 +113,14 @@ def make_dir(path: Path, *, flag: str, parents: bool = False) -> Path:
         raise OutputDirError(f"{flag} {path}: cannot create the directory ({exc.strerror or exc}). "
                              "Pass a directory you can write to.") from None
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` if it is not a directory (so ``mkdir -p`` would fail)."""
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
 
 
 def clear_run_dir(path: Path) -> None:
@@ -128,13 +150,14 @@ def unique_dir(parent: Path, prefix: str) -> Path:
 
 
 @contextlib.contextmanager
-def lock_dir(path: Path, *, what: str = "") -> Iterator[Path]:
-    """Hold an exclusive lock on directory ``path`` for the ``with`` block; raise if another command holds it.
+def lock_dir(path: Path, *, what: str = "", wait_s: float = 0.0) -> Iterator[Path]:
+    """Hold an exclusive lock on directory ``path`` for the ``with`` block; raise if another command holds it
+    (after waiting up to ``wait_s`` seconds for it to let go: the nodes of one run take turns this way).
 
     The lock file is removed when the block ends, so a finished command leaves only its output behind.
     """
     lock = path / LOCK
-    fd = _acquire(path, lock)
+    fd = _acquire(path, lock, wait_s)
     try:
         holder = {"pid": os.getpid(), "command": what or " ".join(["torchrepro", *sys.argv[1:]]),
                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -147,17 +170,25 @@ def lock_dir(path: Path, *, what: str = "") -> Iterator[Path]:
         os.close(fd)  # releases the flock
 
 
-def _acquire(path: Path, lock: Path) -> int:
+def _acquire(path: Path, lock: Path, wait_s: float = 0.0) -> int:
     try:
         import fcntl
     except ImportError:  # no flock (Windows): no protection, but nothing breaks
         fcntl = None  # type: ignore[assignment]
+    deadline = time.monotonic() + wait_s
     for _ in range(100):
         fd = _open_lock(path, lock)
         if fcntl is None:
             return fd
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.05)
         except OSError:
             os.close(fd)
             raise OutputDirError(f"{path}: is in use by another torchrepro command ({_holder(lock)}). "

@@ -1,4 +1,4 @@
-"""The step recorder: fingerprints what a training script does, step by step, with no code change (layer L2).
+"""The step recorder: fingerprints what a training script does, step by step, with no code change.
 
 It hooks three global places: ``torch.autograd.backward`` (the loss), the optimizer step post-hook (every
 ``optimizer.step()``), and the DataLoader iterator (each batch). Per optimizer step it records the losses that
@@ -18,20 +18,25 @@ From code::
 
 from __future__ import annotations
 
+import array
+import collections
+import contextlib
 import hashlib
 import os
 import queue
+import random
+import sys
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .._core.errors import ReproWarning
 from .._core.fingerprint import (
@@ -48,6 +53,7 @@ from .._core.modules import discover_models, optimizers_exist
 from ..distributed.ranks import unreplicated_names
 from ..env.info import environment_summary
 from .compiled import CompileWatch, measure_graphs
+from .divergence import DivergenceWatch
 from .optrace import OpTracer
 from .store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, VALUES, TraceWriter, write_manifest  # noqa: F401
 
@@ -99,6 +105,33 @@ def _env_int(name: str) -> int:
 
 def _warn(message: str) -> None:
     warnings.warn(f"torchrepro: {message}", ReproWarning, stacklevel=4)
+
+
+def _digest(*parts: bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()
+
+
+def rng_fingerprints() -> dict[str, str | None]:
+    """Fingerprints of the global random-number states: torch's CPU generator, the CUDA generators (``None``
+    unless CUDA is initialised), Python's ``random`` and NumPy's legacy global ``RandomState`` (``None`` unless
+    NumPy is imported). About 20 µs; what ``check --resume-at`` records at step boundaries."""
+    out: dict[str, str | None] = {"torch": fingerprint(torch.get_rng_state()), "cuda": None, "random": None,
+                                  "numpy": None}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = _digest(*(bytes(s.numpy()) for s in torch.cuda.get_rng_state_all()))
+    version, internal, gauss = random.getstate()
+    out["random"] = _digest(array.array("q", internal).tobytes(), repr((version, gauss)).encode())
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+            out["numpy"] = _digest(str(name).encode(), keys.tobytes(), repr((pos, has_gauss, cached)).encode())
+        except Exception as exc:  # never break the step for it
+            out["numpy"] = unreadable_text(exc)
+    return out
 
 
 class _ValueWriter:
@@ -154,7 +187,8 @@ class _ValueWriter:
                     self._failed.append((n, name))
                     continue
                 try:  # durable=False: a rename is atomic; fsync per step would cost more than the write
-                    atomic_write(self.dir / f"{name}.pt", lambda f, v=values: torch.save(v, f), durable=False)
+                    atomic_write(self.dir / f"{name}.pt", lambda f, v=values: torch.save(v, f),  # type: ignore[misc]
+                                 durable=False)
                 except Exception as exc:
                     self._fail(n, name, exc)
                 else:
@@ -236,6 +270,17 @@ class Recorder:
         check_ranks_every: in a distributed program, run :func:`torchrepro.distributed.ranks.check_consistency`
             after every N-th optimizer step on every rank, write its report into the trace (``"kind": "ranks"``)
             and warn when replicas differ.
+        resume_marks: what ``check --resume-at`` needs to say what a resume did not restore: the RNG states
+            after every step (``rng``), the sample indices of each batch (``batch_indices``, from the sampler of
+            a map-style DataLoader) and the optimizer state before each optimizer's first step
+            (``state_before``).
+        boundary_after: write a ``boundary`` event (the RNG states) as the first ``backward()`` after step N
+            starts (0: the first one of the process).
+        stop_after: end the script (:class:`MaxStepsReached`) as the first ``backward()`` after step N starts:
+            what the script does between step N and the next step (saving a checkpoint) is done.
+        divergence: compare each step with other runs as they record, and end the script ``after`` steps after
+            the first divergence from run 1 (``{"runs": [dir, ...], "me": i, "after": K}``, see
+            :class:`~torchrepro.record.divergence.DivergenceWatch`): what ``check`` gives its runs.
     """
 
     def __init__(
@@ -252,12 +297,26 @@ class Recorder:
         check_ranks_every: int | None = None,
         grad_value_steps: int | None = None,
         value_schedule: str = "every",
+        grad_value_start: int = 1,
+        resume_marks: bool = False,
+        boundary_after: int | None = None,
+        stop_after: int | None = None,
+        divergence: dict[str, Any] | None = None,
     ) -> None:
         self.trace = TraceWriter(run_dir)
         self.forked = False  # this is a forked child of the recorded process: it records nothing (see _in_child)
         _recorders.add(self)
         # with keep_values: gradient and optimizer-state snapshots of the first N steps (None: $GRAD_VALUES_ENV or 0)
         self.grad_value_steps = _env_int(GRAD_VALUES_ENV) if grad_value_steps is None else grad_value_steps
+        self.grad_value_start = grad_value_start  # the snapshots cover steps start .. start + grad_value_steps - 1
+        self.resume_marks = resume_marks
+        self.boundary_after = boundary_after
+        self.stop_after = stop_after
+        self.divergence = divergence
+        self._watch: DivergenceWatch | None = None
+        self.stopped_diverged: int | None = None  # the step after which the divergence watch stopped the run
+        self._state_before: dict[Any, dict[str, str | None]] = {}  # optimizer -> its state before its first step
+        self._stepped: set[int] = set()  # indices of the optimizers that have stepped (resume_marks)
         self.timing = timing
         self.check_ranks_every = check_ranks_every
         # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
@@ -280,12 +339,15 @@ class Recorder:
         self._names: dict[int, str] = {}
         self._pending_losses: list[torch.Tensor | None] = []
         self._pending_batches: list[str] = []
+        self._pending_indices: list[str | None] = []
+        self._indices_since_backward: list[str | None] = []
         self._batches_since_backward: list[str] = []
         self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._optimizers: dict[Any, int] = {}  # strong refs: the final parameters are read at exit
         self._handles: list[Any] = []
         self._orig_backward: Any = None
         self._orig_next: Any = None
+        self._orig_next_index: Any = None
         self._active = False
         self._in_hook = False
         self._t0 = time.perf_counter()
@@ -358,9 +420,12 @@ class Recorder:
         return round(time.perf_counter() - self._t0, 6)
 
     # --- hooks ------------------------------------------------------------------------------------------
-    def _on_batch(self, loader: Any, batch: Any) -> None:
+    def _on_batch(self, loader: Any, batch: Any, index: str | None = None) -> None:
         if self.timing:
             return
+        if self.resume_marks:
+            self._pending_indices.append(index)
+            self._indices_since_backward.append(index)
         idx = self._loaders.setdefault(loader, len(self._loaders))
         try:
             digest = fingerprint_object(batch)
@@ -391,9 +456,40 @@ class Recorder:
         self.stopped = True
         raise MaxStepsReached()
 
+    def _divergence_stop_due(self, n: int, mode: str) -> bool:
+        """With ``divergence``: whether the run stops after its step ``n`` (see :class:`DivergenceWatch`)."""
+        if self.divergence is None:
+            return False
+        try:
+            if self._watch is None:
+                self._watch = DivergenceWatch.from_options(self.divergence, mode)
+            if self._watch.mode != mode or not self._watch.after_step(n):
+                return False
+        except Exception as exc:  # never break the script for it: the run goes on to its end
+            self.divergence = None
+            self._warn_once("divergence", f"could not compare this run with the others as it records "
+                            f"({type(exc).__name__}: {exc}); it runs to its end.")
+            return False
+        self.stopped_diverged = n
+        return True
+
+    def completed_steps(self) -> int:
+        """Steps done so far: optimizer steps, or ``backward()`` calls when no ``torch.optim`` optimizer exists."""
+        if self.steps:
+            return self.steps
+        if self._optimizers_exist is None:
+            self._optimizers_exist = optimizers_exist()
+        return 0 if self._optimizers_exist else self.backward_calls
+
     def _on_backward_start(self) -> None:
-        if self.stopped:
-            self._stop()
+        if self.stopped or self.stopped_diverged is not None:
+            self._stop()  # (a divergence stop without an optimizer: the hand update of the last step is done)
+        if self.stop_after is not None and self.completed_steps() >= self.stop_after:
+            self._stop()  # the step after ``stop_after`` begins: what the script did in between (a checkpoint) is done
+        if self.boundary_after is not None and self.completed_steps() >= self.boundary_after:
+            self.boundary_after = None  # once
+            self.trace.write({"kind": "boundary", "after_step": self.completed_steps(), "t": self._now(),
+                              "rng": rng_fingerprints()})
         if self.max_steps is not None and not self.steps and self.backward_calls >= self.max_steps:
             # Each backward() is a step when the script updates parameters by hand. With an optimizer, the
             # backward() calls before its first step are gradient accumulation: wait for optimizer steps.
@@ -433,11 +529,17 @@ class Recorder:
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
         }
-        self._batches_since_backward = []
+        if self.resume_marks:
+            event["batch_indices"] = self._indices_since_backward
+            if not self._optimizers_exist:
+                event["rng"] = rng_fingerprints()
+        self._batches_since_backward, self._indices_since_backward = [], []
         if self.values is not None and params and self._snapshot_due(self.backward_calls):
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
             self._submit_grads(self.backward_calls, params, {})
         self.trace.write(event)
+        if not self._optimizers_exist:
+            self._divergence_stop_due(self.backward_calls, "backward")  # stops as the next backward() starts
 
     def _losses(self) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor | None]]:
         """Pending losses as trace entries (exact values as float.hex) and as tensors to fingerprint."""
@@ -453,17 +555,9 @@ class Recorder:
         if self.first_step_time is None:
             self.first_step_time = self._now()
         opt_idx = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        self._stepped.add(opt_idx)
         params = self._named_params([p for g in optimizer.param_groups for p in g["params"]], f"opt{opt_idx}")
-        state: dict[str, torch.Tensor | None] = {}
-        scalars: dict[str, str] = {}
-        for name, p in params.items():
-            for key, value in optimizer.state.get(p, {}).items():
-                if isinstance(value, torch.Tensor):
-                    state[f"{name}.{key}"] = value
-                elif value is None or isinstance(value, (bool, int, float, str)):
-                    scalars[f"{name}.{key}"] = repr(value)
-                else:  # never a repr of an object (it may hold a memory address)
-                    scalars[f"{name}.{key}"] = _object_fp(value)
+        state, scalars = _optimizer_state(optimizer, params)
         losses, loss_tensors = self._losses()
         fps = self._fps({**loss_tensors, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()},
@@ -478,7 +572,14 @@ class Recorder:
             "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
             "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None for g in optimizer.param_groups],
         }
+        if self.resume_marks:
+            event["batch_indices"] = self._pending_indices
+            event["rng"] = rng_fingerprints()
+            before = self._state_before.pop(optimizer, None)
+            if before is not None:
+                event["state_before"] = before
         self._pending_losses, self._pending_batches, self._batches_since_backward = [], [], []
+        self._pending_indices, self._indices_since_backward = [], []
         self.trace.write(event)
         if self.values is not None:
             if self._snapshot_due(self.steps):
@@ -490,11 +591,24 @@ class Recorder:
             self._check_ranks()
         if self.max_steps is not None and self.steps >= self.max_steps:
             self._stop()
+        if self._divergence_stop_due(self.steps, "optimizer"):
+            self._stop()
+
+    def _on_step_start(self, optimizer: torch.optim.Optimizer) -> None:
+        """``resume_marks``: the optimizer state before each optimizer's first step (what a resume restored)."""
+        opt_idx = self._optimizers.get(optimizer)
+        if (opt_idx is not None and opt_idx in self._stepped) or optimizer in self._state_before:
+            return
+        params = self._named_params([p for g in optimizer.param_groups for p in g["params"]],
+                                    f"opt{opt_idx if opt_idx is not None else len(self._optimizers)}")
+        state, scalars = _optimizer_state(optimizer, params)
+        self._state_before[optimizer] = {**self._fps(state), **scalars}
 
     def _submit_grads(self, n: int, params: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor | None]) -> None:
-        """Snapshots of gradients and optimizer state for the first ``grad_value_steps`` steps (values budget)."""
-        if self.values is None or n > self.grad_value_steps:
+        """Snapshots of gradients and optimizer state for ``grad_value_steps`` steps from ``grad_value_start``
+        (values budget)."""
+        if self.values is None or not self.grad_value_start <= n < self.grad_value_start + self.grad_value_steps:
             return
         grads = {k: p.grad for k, p in params.items()
                  if isinstance(p.grad, torch.Tensor) and p.grad.layout == torch.strided}
@@ -546,7 +660,7 @@ class Recorder:
             return result
 
         self._orig_backward = orig_backward
-        torch.autograd.backward = backward  # type: ignore[assignment]
+        torch.autograd.backward = backward
 
         it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
         orig_next = it_cls.__next__
@@ -556,11 +670,16 @@ class Recorder:
             if rec.forked:
                 return batch
             loader = getattr(it, "_torchrepro_loader", None)
-            rec._on_batch(loader if loader is not None else type(it), batch)
+            indices = it.__dict__.get("_torchrepro_indices")
+            if _unrecorded[0]:  # loaded to be dropped (a resume's replay): not a batch the training sees
+                if indices:
+                    indices.popleft()
+                return batch
+            rec._on_batch(loader if loader is not None else type(it), batch, indices.popleft() if indices else None)
             return batch
 
         self._orig_next = orig_next
-        it_cls.__next__ = __next__  # type: ignore[method-assign]
+        it_cls.__next__ = __next__  # type: ignore[method-assign,assignment]
         self._orig_iter_init = it_cls.__init__
         orig_init = it_cls.__init__
 
@@ -568,16 +687,43 @@ class Recorder:
             orig_init(it, loader)
             it._torchrepro_loader = loader
 
-        it_cls.__init__ = __init__  # type: ignore[method-assign]
+        it_cls.__init__ = __init__  # type: ignore[method-assign,assignment]
 
         def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not rec.forked:
                 rec._on_step(optimizer)
 
         self._handles.append(register_optimizer_step_post_hook(step_hook))
+        if self.resume_marks:
+            self._install_resume_marks(it_cls)
         self._active = True
         _installed.append(self)
         return self
+
+    def _install_resume_marks(self, it_cls: Any) -> None:
+        """The sample indices of each batch (map-style datasets: what the sampler gave the iterator, in order,
+        also when worker processes load them) and the optimizer state before each optimizer's first step."""
+        rec = self
+        orig_next_index = it_cls._next_index
+
+        def _next_index(it: Any) -> Any:
+            index = orig_next_index(it)
+            if not rec.forked and it._dataset_kind == torch.utils.data.dataloader._DatasetKind.Map:
+                try:
+                    fp = fingerprint_object(index)
+                except Exception as exc:
+                    fp = unreadable_text(exc)
+                it.__dict__.setdefault("_torchrepro_indices", collections.deque()).append(fp)
+            return index
+
+        self._orig_next_index = orig_next_index
+        it_cls._next_index = _next_index
+
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not rec.forked:
+                rec._on_step_start(optimizer)
+
+        self._handles.append(register_optimizer_step_pre_hook(pre_hook))
 
     def uninstall(self) -> None:
         if not self._active:
@@ -586,6 +732,9 @@ class Recorder:
         it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
         it_cls.__next__ = self._orig_next  # type: ignore[method-assign]
         it_cls.__init__ = self._orig_iter_init  # type: ignore[method-assign]
+        if self._orig_next_index is not None:
+            it_cls._next_index = self._orig_next_index  # type: ignore[method-assign]
+            self._orig_next_index = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -658,11 +807,32 @@ class Recorder:
             "values_skipped_busy": self.values.skipped_busy if self.values else 0,
             "values_error": self.values.error if self.values else None,
             "values_failed": self.values.failed if self.values else [],
-            "stopped_at_max_steps": self.stopped,
+            "stopped_at_max_steps": self.stopped and self.stopped_diverged is None,
+            "stopped": self._watch.facts(self.stopped_diverged) if self._watch is not None else None,
             "traced_steps": list(self.trace_steps) if self.trace_steps else None,
             "traced_ops": self._tracer.count if self._tracer else 0,
             "compiled": compiled,
         }
+
+
+_unrecorded = [0]  # > 0 inside unrecorded_batches()
+
+
+@contextlib.contextmanager
+def unrecorded_batches() -> Iterator[None]:
+    """Batches taken from a DataLoader inside this block are not recorded as batches of the training.
+
+    For code that loads batches only to drop them, such as a trainer integration replaying the batches an
+    interrupted epoch had consumed, so that a recorded resume compares the batches training really used:
+
+    >>> with unrecorded_batches():
+    ...     pass
+    """
+    _unrecorded[0] += 1
+    try:
+        yield
+    finally:
+        _unrecorded[0] -= 1
 
 
 _installed: list[Recorder] = []  # recorders installed in this process, the latest last
@@ -684,6 +854,22 @@ if hasattr(os, "register_at_fork"):
 def current_recorder() -> Recorder | None:
     """The recorder installed last in this process and still installed, or None."""
     return _installed[-1] if _installed else None
+
+
+def _optimizer_state(optimizer: Any, params: Mapping[str, torch.Tensor]
+                     ) -> tuple[dict[str, torch.Tensor | None], dict[str, str]]:
+    """An optimizer's per-parameter state as ``{"name.key": tensor}`` and ``{"name.key": repr}`` (non-tensors)."""
+    state: dict[str, torch.Tensor | None] = {}
+    scalars: dict[str, str] = {}
+    for name, p in params.items():
+        for key, value in optimizer.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor):
+                state[f"{name}.{key}"] = value
+            elif value is None or isinstance(value, (bool, int, float, str)):
+                scalars[f"{name}.{key}"] = repr(value)
+            else:  # never a repr of an object (it may hold a memory address)
+                scalars[f"{name}.{key}"] = _object_fp(value)
+    return state, scalars
 
 
 def _object_fp(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""Run directories: the on-disk record of one training run (layer L2).
+"""Run directories: the on-disk record of one training run.
 
 A run directory holds::
 
@@ -79,6 +79,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "params": ("object of strings or nulls",), "grads": ("object of strings or nulls",),
     "state": ("object of strings or nulls",), "batches": ("list",), "losses": ("list of objects",),
     "loss": ("object",), "lr": ("list",), "value": ("hex float string",),
+    # check --resume-at (Recorder(resume_marks=True, boundary_after=N)): RNG states, sample indices, state before
+    "rng": ("object of strings or nulls",), "state_before": ("object of strings or nulls",),
+    "batch_indices": ("list",), "after_step": ("int",),
 }
 LOSS_FIELDS: dict[str, tuple[str, ...]] = {"fp": ("string", "null"), "value": ("hex float string", "null")}
 # Fields each kind of event must have (its readers index them).
@@ -93,7 +96,7 @@ def event_problems(event: Any) -> list[str]:
     kind = event.get("kind")
     missing = [name for name in EVENT_REQUIRED.get(kind, ()) if name not in event] if isinstance(kind, str) else []
     problems += [f"a {kind!r} event needs '{name}'" for name in missing]
-    losses = event.get("losses") if isinstance(event.get("losses"), list) else []
+    losses: list[Any] = event.get("losses") if isinstance(event.get("losses"), list) else []  # type: ignore[assignment]
     loss = [event["loss"]] if isinstance(event.get("loss"), dict) else []
     for entry in [*losses, *loss]:
         if isinstance(entry, dict):
@@ -157,7 +160,8 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols it then refuses anyway
             warnings.simplefilter("ignore")
-            data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
+            # str: torch 2.1 memory-maps only a file given by name
+            data = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap and zipfile.is_zipfile(path))
     except pickle.UnpicklingError:
         imports = _code_imports(path)
         if imports is None:  # not even a well-formed pickle stream: cut off or overwritten
@@ -257,7 +261,7 @@ MANIFEST_FIELDS: dict[str, tuple[str, ...]] = {
     "device": ("string", "null"), "environment": ("object",), "audit_probe": ("object", "null"),
     "ranks": ("list of strings",), "rank_status": ("object",), "failed_rank": ("int", "null"),
     "unreplicated": ("list of strings",), "values_error": ("string", "null"), "values_failed": ("list",),
-    "compiled": ("list of objects",),
+    "compiled": ("list of objects",), "stopped": ("object", "null"),
 }
 STEP_MODES = ("optimizer", "backward")
 # Each ``compiled`` region (see compiled.py): the fields that compare.region_text and the compile checks index.
@@ -272,7 +276,7 @@ def read_manifest(mpath: Path) -> dict[str, Any]:
     manifest = read_json(mpath, error=RunDirError, action="Record the run again.")
     got = manifest.get("format") if isinstance(manifest, dict) else manifest
     if got != FORMAT:
-        what = repr(got) if isinstance(got, str) and len(got) <= 40 else describe(got)
+        what: int | str = repr(got) if isinstance(got, str) and len(got) <= 40 else describe(got)
         raise RunDirError(mpath, f"has format {what}, expected {FORMAT!r}.",
                           "Pass a directory written by `torchrepro run --record DIR`.")
     version = manifest.get("version")
@@ -301,10 +305,60 @@ def _manifest_value_problems(manifest: dict[str, Any]) -> list[str]:
 
 
 def load_ranks(run_dir: str | Path) -> tuple[Run, list[Run]]:
-    """A run of several ranks: its own manifest (as a :class:`Run` without events) and each rank's run."""
-    run = load_run(run_dir, allow_ranks=True)
-    ranks = run.manifest.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise RunDirError(run.path, "is not a run of several ranks (its manifest lists no ranks).",
-                          "Pass a directory written by `torchrepro run --nproc-per-node N --record DIR`.")
-    return run, [load_run(run.path / str(name)) for name in ranks]
+    """A run of several ranks: its own manifest (as a :class:`Run` without events) and each rank's run.
+
+    A run of several nodes is read from its node manifests (``nodeN/manifest.json``, one per node): from one
+    directory that every node recorded into (a shared file system), or from each node's own directory, given
+    joined by ``os.pathsep`` (``A_node0:A_node1``); every rank of the run must be found."""
+    paths = split_run_dirs(run_dir)
+    runs = [load_run(p, allow_ranks=True) for p in paths]
+    run = runs[0]
+    for r in runs:
+        if not isinstance(r.manifest.get("ranks"), list) or not r.manifest["ranks"]:
+            raise RunDirError(r.path, "is not a run of several ranks (its manifest lists no ranks).",
+                              "Pass a directory written by `torchrepro run --nproc-per-node N --record DIR`.")
+    if len(runs) == 1 and int(run.manifest.get("nnodes") or 1) == 1:
+        return run, [load_run(run.path / str(name)) for name in run.manifest["ranks"]]
+    found: dict[str, Path] = {}
+    nnodes = run.manifest.get("nnodes")
+    for r in runs:
+        for name in node_ranks(r.path, nnodes) or r.manifest["ranks"]:
+            if name in found and found[name] != r.path:
+                raise RunDirError(r.path, f"holds {name}, which {found[name]} holds too.",
+                                  "Pass each node's directory once.")
+            found[name] = r.path
+    world = run.manifest.get("world_size")
+    missing = [f"rank{i}" for i in range(world)] if isinstance(world, int) else []
+    missing = [name for name in missing if name not in found]
+    if missing:
+        given = os.pathsep.join(str(p) for p in paths)
+        raise RunDirError(Path(given), f"is part of a run of {run.manifest.get('nnodes')} nodes ({world} ranks): "
+                          f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} not found in it.",
+                          "Record every node into one shared directory, or pass every node's directory joined by "
+                          f"'{os.pathsep}' (e.g. A_node0{os.pathsep}A_node1).")
+    names = sorted(found, key=lambda name: int(name[4:]))
+    nodes = sorted({m.parent.name for r in runs for m in r.path.glob("node*/" + MANIFEST)
+                    if re.fullmatch(r"node\d+", m.parent.name)
+                    and (not isinstance(nnodes, int) or int(m.parent.name[4:]) < nnodes)}, key=lambda n: int(n[4:]))
+    merged = Run(path=run.path, manifest={**run.manifest, "ranks": names, **({"nodes": nodes} if nodes else {})},
+                 events=run.events)
+    return merged, [load_run(found[name] / name) for name in names]
+
+
+def split_run_dirs(run_dir: str | Path) -> list[Path]:
+    """``A`` or ``A_node0:A_node1`` (``os.pathsep``) as directories; a path that exists is never split."""
+    text = str(run_dir)
+    if os.pathsep not in text or os.path.exists(text):
+        return [Path(text)]
+    return [Path(p) for p in text.split(os.pathsep) if p]
+
+
+def node_ranks(path: Path, nnodes: Any = None) -> list[str]:
+    """The ranks that the node manifests (``nodeN/manifest.json``) in run directory ``path`` list (only nodes
+    ``N < nnodes`` when given: a node manifest of an earlier, larger run recorded there is not this run's)."""
+    names: list[str] = []
+    for mpath in sorted(path.glob("node*/" + MANIFEST)):
+        found = re.fullmatch(r"node(\d+)", mpath.parent.name)
+        if found and (not isinstance(nnodes, int) or int(found.group(1)) < nnodes):
+            names += [str(r) for r in read_manifest(mpath).get("ranks") or []]
+    return list(dict.fromkeys(names))

@@ -1,4 +1,4 @@
-"""Runs that share a working directory (layer L2): files one run wrote there and a later run read.
+"""Runs that share a working directory: files one run wrote there and a later run read.
 
 A script that resumes from its own output (``if os.path.exists("snapshot.pt"): load it``, transformers'
 ``get_last_checkpoint(output_dir)``) makes the second run of ``check`` start where the first one ended, and the
@@ -191,6 +191,8 @@ class WorkdirWatch:
     reads: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     _before: Snapshot | None = None
     _root_before: Any = None
+    _after_first: Snapshot | None = None  # after run 1
+    _before_restart: Snapshot | None = None  # check --resume-at: after the process that stopped at step K
 
     def start(self) -> int:
         """Snapshot the working directory; return the time (ns) from which the runs' audits note reads."""
@@ -203,9 +205,25 @@ class WorkdirWatch:
         """Collect run ``i``'s reads; after run 1, what it changed in the working directory."""
         self.reads[i] = manifest_reads(run_dir)
         if i == 1 and self._before is not None:
-            after = walk(self.root, self.skip, self.limit)
+            after = self._after_first = walk(self.root, self.skip, self.limit)
             self.changed = changed_files(self._before, after, self._root_before, _root_stat(self.root))
             self.truncated = self._before.truncated or after.truncated
+
+    def before_restart(self) -> None:
+        """``check --resume-at``: snapshot the working directory between run ``i``'s two processes."""
+        self._before_restart = walk(self.root, self.skip, self.limit)
+
+    def restart_done(self, i: int, run_dir: Path) -> None:
+        """Add the reads of run ``i``'s restarted process, less the files its first process changed: the restart
+        reads those by design (its checkpoint, e.g. a transformers ``output_dir/checkpoint-K``)."""
+        rewritten: set[str] = set()
+        if self._before_restart is not None:
+            before = self._after_first or Snapshot({}, False)
+            rewritten = {p for p, key in self._before_restart.entries.items() if before.entries.get(p) != key}
+        for reads in manifest_reads(run_dir):
+            for how in ("opened", "listed"):
+                reads[how] = {p: fresh for p, fresh in (reads.get(how) or {}).items() if p not in rewritten}
+            self.reads.setdefault(i, []).append(reads)
 
     def _first_run_fresh(self, how: str) -> set[str]:
         return {p for r in self.reads.get(1, []) for p, fresh in (r.get(how) or {}).items() if fresh}

@@ -1,4 +1,4 @@
-"""Checkpoints that resume training bit for bit, and say so loudly when they cannot (layer L1).
+"""Checkpoints that resume training bit for bit, and say so loudly when they cannot.
 
 A checkpoint is one ``torch.save`` file holding only tensors and plain Python values, so it loads with
 ``torch.load(weights_only=True)`` (no arbitrary unpickling)::
@@ -22,7 +22,7 @@ import json
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -49,7 +49,7 @@ def _state_of(name: str, obj: Any) -> dict[str, Any] | None:
     if fn is None:
         hint = " Wrap your data in torchrepro.ResumableLoader." if name == "data" else ""
         raise TypeError(f"{name}={type(obj).__name__} has no state_dict(); it cannot be checkpointed.{hint}")
-    return fn()
+    return cast("dict[str, Any]", fn())
 
 
 def _check_safe_extra(extra: Any) -> None:
@@ -163,7 +163,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if problem:
         raise CheckpointError(path, f"has a corrupt {problem}; nothing was restored.",
                               "Use an earlier checkpoint, or re-create it with save_checkpoint().")
-    return data
+    return cast("dict[str, Any]", data)
 
 
 def _short(value: Any) -> str:
@@ -223,7 +223,7 @@ def _model_problems(saved: Any, model: torch.nn.Module) -> list[str]:
             continue
         if not isinstance(saved_t, torch.Tensor):
             problems.append(f"model: {key!r} is a {type(saved_t).__name__} in the checkpoint, a tensor in the model")
-        elif isinstance(mine_t, torch.nn.parameter.UninitializedTensorMixin):
+        elif isinstance(mine_t, torch.nn.parameter.UninitializedTensorMixin):  # type: ignore[attr-defined]
             continue  # a lazy module takes the saved shape
         elif saved_t.shape != mine_t.shape:
             problems.append(f"model: shape of {key!r} is {list(saved_t.shape)} in the checkpoint, "
@@ -399,7 +399,7 @@ def _loader_problems(saved: Any, loader: ResumableLoader) -> list[str]:
 def _fit_problems(data: dict[str, Any], given: dict[str, Any], rng: RNGState,
                   generators: Mapping[str, Any] | None, path: Path) -> list[str]:
     """Every way in which the checkpoint does not fit the objects passed (all checked, none restored)."""
-    classes = data.get("classes") if isinstance(data.get("classes"), Mapping) else {}
+    classes: Mapping[str, Any] = data.get("classes") if isinstance(data.get("classes"), Mapping) else {}  # type: ignore[assignment]
     problems = _model_problems(data["model"], given["model"])
     for name in ("optimizer", "scheduler", "scaler", "data"):
         if given[name] is not None:

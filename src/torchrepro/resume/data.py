@@ -1,4 +1,4 @@
-"""Reproducible DataLoader workers (layer L1).
+"""Reproducible DataLoader workers.
 
 Example:
     >>> import torch, torchrepro
@@ -66,7 +66,7 @@ def make_generator(seed: int | None = None) -> torch.Generator:
 
 
 # --- resumable data path ------------------------------------------------------------------------------
-class _SeededSamples(torch.utils.data.Dataset):
+class _SeededSamples(torch.utils.data.Dataset[Any]):
     """Wraps a dataset so that sample (epoch, position) draws its augmentation randomness from its own seed.
 
     Before each ``dataset[index]`` the global ``random``, NumPy and torch RNGs are seeded with
@@ -106,7 +106,7 @@ class _SeededSamples(torch.utils.data.Dataset):
                 np.random.set_state(npy)
 
 
-class _KeyBatches(torch.utils.data.Sampler):
+class _KeyBatches(torch.utils.data.Sampler[list[tuple[int, int, int]]]):
     """Batches of (epoch, position, index) keys for one epoch, starting at a given batch.
 
     ``order`` holds (position in the epoch, dataset index) pairs: one rank's share of the epoch.

@@ -1,4 +1,4 @@
-"""``verify_resume``: prove that a checkpoint resumes training bit for bit (layer L3).
+"""``verify_resume``: prove that a checkpoint resumes training bit for bit.
 
 It runs the same training three times, each in a fresh Python process:
 
@@ -8,12 +8,31 @@ It runs the same training three times, each in a fresh Python process:
 
 and compares the losses, parameters and optimizer state of runs 1 and 2+3 after every step.
 
-``build`` and ``step`` must be importable (module-level functions):
+The contract (``build``, ``step``, ``save`` and ``load`` must be importable, module-level functions):
 
-    def build():                       # -> dict with model=, optimizer=, scheduler=, scaler=, loader= (any subset)
-        ...
-    def step(state):                   # one training step; returns the loss
-        ...
+* ``build()`` runs once per process, after ``seed_everything(seed)``, and returns the training state as a
+  dict: ``"model"`` (an ``nn.Module``, required) and any of ``"optimizer"``, ``"scheduler"``, ``"scaler"``,
+  ``"loader"`` -- the keyword arguments of :func:`torchrepro.save_checkpoint`. With the default ``save`` and
+  ``load`` no other key is allowed (each would be passed to them); a custom ``save``/``load`` may use more.
+* ``step(state)`` gets that same dict, every step, in every process, and runs one training step; it returns
+  the loss (a tensor or float; compared bit for bit) or None. It must take its batch from the state, so that
+  the checkpoint restores where the data was: ``state["loader"].next_batch()`` (a
+  :class:`~torchrepro.ResumableLoader`) returns the next batch and rolls over into the next epoch. An
+  iterator made with ``iter(loader)`` ends with its epoch (``StopIteration``) and is not saved.
+
+    def build():
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return {"model": model, "optimizer": opt,
+                "loader": torchrepro.ResumableLoader(dataset, batch_size=32, shuffle=True, seed=0)}
+
+    def step(state):
+        x, y = state["loader"].next_batch()
+        state["optimizer"].zero_grad()
+        loss = F.cross_entropy(state["model"](x), y)
+        loss.backward()
+        state["optimizer"].step()
+        return loss
 
     report = torchrepro.verify_resume(build, step, steps=20, resume_at=10)
     assert report.identical, report
@@ -34,7 +53,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -91,7 +110,7 @@ def _resolve(ref: str) -> Callable[..., Any]:
     obj: Any = module
     for part in qual.split("."):
         obj = getattr(obj, part)
-    return obj
+    return cast("Callable[..., Any]", obj)
 
 
 def default_save(path: str, state: dict[str, Any], step: int) -> None:
@@ -117,15 +136,51 @@ def _snapshot(state: dict[str, Any], loss: Any) -> dict[str, Any]:
     return {"loss": float(loss).hex() if loss is not None else None, "fps": fps}
 
 
+class ResumeContractError(ReproError):
+    """``build`` or ``step`` does not keep verify_resume's contract (see the module docstring)."""
+
+
+_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "loader")
+
+
+def check_state(state: Any, build: str, *, default_io: bool) -> None:
+    """Raise :class:`ResumeContractError` unless ``build()`` returned a state verify_resume can use."""
+    if not isinstance(state, dict):
+        raise ResumeContractError(f"verify_resume: build() ({build}) returned a {type(state).__name__}, expected a "
+                                  f"dict with 'model' and any of {', '.join(_CHECKPOINT_KEYS[1:])}.")
+    if not isinstance(state.get("model"), torch.nn.Module):
+        got = "no 'model'" if "model" not in state else f"'model' = a {type(state['model']).__name__}"
+        raise ResumeContractError(f"verify_resume: build() ({build}) returned {got}; expected 'model': the "
+                                  "nn.Module being trained (its parameters are compared after every step).")
+    extra = sorted(str(k) for k in state if k not in _CHECKPOINT_KEYS)
+    if default_io and extra:
+        raise ResumeContractError(
+            f"verify_resume: build() ({build}) returned keys {extra} that save_checkpoint cannot take (it takes "
+            f"{', '.join(_CHECKPOINT_KEYS)}). Keep the data position in 'loader' (a ResumableLoader: "
+            "step() calls state['loader'].next_batch()), or pass save= and load= that save those keys too.")
+
+
+def _one_step(step: Callable[[dict[str, Any]], Any], state: dict[str, Any], k: int) -> Any:
+    try:
+        return step(state)
+    except StopIteration:
+        raise ResumeContractError(
+            f"verify_resume: step() raised StopIteration at step {k}: its batches ran out (an iterator made with "
+            "iter(loader) ends with its epoch, and is not saved in the checkpoint). Take each batch with "
+            "state['loader'].next_batch(): a ResumableLoader rolls over into the next epoch and its position is "
+            "saved.") from None
+
+
 def run_child(cfg: dict[str, Any]) -> None:
     seed_everything(cfg["seed"], workers=True)
     build, step = _resolve(cfg["build"]), _resolve(cfg["step"])
     state = build()
+    check_state(state, cfg["build"], default_io=cfg["save"] == _ref(default_save) or cfg["load"] == _ref(default_load))
     if cfg["role"] == "resumed":
         _resolve(cfg["load"])(cfg["ckpt"], state)
     records = []
-    for _ in range(cfg["first"], cfg["last"] + 1):
-        records.append(_snapshot(state, step(state)))
+    for k in range(cfg["first"], cfg["last"] + 1):
+        records.append(_snapshot(state, _one_step(step, state, k)))
     if cfg["role"] == "first":
         _resolve(cfg["save"])(cfg["ckpt"], state, cfg["last"])
     Path(cfg["out"]).write_text(json.dumps(records))
@@ -153,7 +208,7 @@ def _run(cfg: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     if proc.returncode != 0:
         tail = "\n".join(stderr.strip().splitlines()[-20:])
         raise ResumeRunError(f"verify_resume: {what} failed with exit code {proc.returncode}:\n{tail}")
-    return json.loads(Path(cfg["out"]).read_text())
+    return cast("list[dict[str, Any]]", json.loads(Path(cfg["out"]).read_text()))
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:

@@ -10,6 +10,7 @@ from ..calls import argument, constant, has_splat, is_true
 from ..flow import WORKER_SEEDS, classify_call
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
+from .worker_draws import DRAWS, HELD, WorkerDraws
 
 
 class DataOrderGlobalRng(Rule):
@@ -56,11 +57,22 @@ class WorkerSeeding(Rule):
     code = "TR302"
     name = "worker-seeding"
     family = "data"
-    summary = "A DataLoader with worker processes but neither `generator=` nor `worker_init_fn=`."
+    summary = "A DataLoader whose workers draw random numbers, with neither `generator=` nor `worker_init_fn=`."
     what = """
         `DataLoader(num_workers=N)` with N > 0 (or not a literal) and neither `generator=` nor
-        `worker_init_fn=`. Not reported when Lightning's `seed_everything(..., workers=True)` is called in the
-        module, which installs a worker init function.
+        `worker_init_fn=`, when what the workers run draws random numbers: a random torchvision transform
+        (`Random*`, `ColorJitter`, `RandAugment`, `GaussianBlur`, ...), timm's
+        `create_transform(is_training=True)`, or a draw (`random`, `np.random`, `torch.rand*`) in the
+        dataset's `__getitem__`/`__iter__`, the helpers and transforms it calls, or the `collate_fn`. The
+        linter follows the dataset expression to where it is built (names, `self.x` attributes, project classes
+        with their constructor arguments, project functions, `random_split`/`Subset`/`ConcatDataset`, the
+        callers of a function whose parameter it is). Also reported, even with `generator=`: a dataset that
+        draws from a generator object it holds (`self.rng = np.random.default_rng(seed)`). Not reported: loaders
+        whose workers draw nothing (validation transforms such as `Resize`, `CenterCrop`, `ToTensor`,
+        `Normalize`, or draws in a branch the dataset never takes: `if self.augment:` in a dataset built with
+        `augment=False`), datasets the linter cannot see into (built by a library or an unknown factory), and
+        modules that call Lightning's `seed_everything(..., workers=True)`, which installs a worker init
+        function.
         """
     why = """
         Each worker seeds torch, `random` and NumPy from a base seed that the loader draws from torch's global
@@ -69,6 +81,7 @@ class WorkerSeeding(Rule):
         copied into every worker with the same state, so the workers repeat each other's random numbers.
         """
     example = """
+        train_set = ImageFolder(root, transforms.Compose([transforms.RandomResizedCrop(224), transforms.ToTensor()]))
         loader = DataLoader(train_set, batch_size=64, num_workers=4)                # TR302
         """
     instead = """
@@ -77,12 +90,16 @@ class WorkerSeeding(Rule):
                             generator=torchrepro.make_generator(seed))
         """
     help = "pass generator=torch.Generator().manual_seed(seed) and worker_init_fn=torchrepro.seed_worker"
+    held_help = ("seed the dataset's generator in each worker (a worker_init_fn that rebuilds it from "
+                 "torch.utils.data.get_worker_info().seed), or draw from torch's generator, which each worker "
+                 "seeds differently")
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
         if _lightning_seeds_workers(module):
             return
-        for call, _scope in module.calls_to(K.DATALOADER):
+        draws = WorkerDraws(module, ctx.project)
+        for call, scope in module.calls_to(K.DATALOADER):
             if has_splat(call):
                 continue
             workers = argument(call, K.LOADER_WORKERS, ("num_workers",))
@@ -90,12 +107,18 @@ class WorkerSeeding(Rule):
                 continue
             if argument(call, K.LOADER_INIT_FN, ("worker_init_fn",)) is not None:
                 continue
-            if argument(call, K.LOADER_GENERATOR, ("generator",)) is not None:
-                continue
+            verdict = draws.loader(call, scope)
             shown = ast.unparse(workers)
-            yield Finding(call, f"DataLoader(num_workers={shown}) has neither generator= nor worker_init_fn=: worker "
-                                "seeds come from torch's global generator, and RNG objects held by the dataset are "
-                                "copied into every worker with the same state")
+            if verdict.level == HELD:
+                yield Finding(call, f"DataLoader(num_workers={shown}) has no worker_init_fn=, and its dataset draws "
+                                    f"from a generator object it holds ({verdict.detail}): every worker gets a copy "
+                                    "with the same state, so the workers repeat each other's random numbers",
+                              self.held_help)
+            elif verdict.level == DRAWS and argument(call, K.LOADER_GENERATOR, ("generator",)) is None:
+                yield Finding(call, f"DataLoader(num_workers={shown}) has neither generator= nor worker_init_fn=, "
+                                    f"and its workers draw random numbers ({verdict.detail}): their seeds come from "
+                                    "torch's global generator, so these draws shift whenever any earlier code "
+                                    "draws differently")
 
 
 def _lightning_seeds_workers(module: Module) -> bool:
@@ -117,6 +140,14 @@ _ORDER_FREE_METHODS = frozenset({"sort", "count", "issubset", "issuperset", "isd
                                  "__contains__"})
 _SET_METHODS = frozenset({"union", "intersection", "difference", "symmetric_difference", "copy"})
 _ACCUMULATE = frozenset({"append", "extend", "insert", "appendleft", "write", "writelines"})
+# `x = f([x, y])` accumulates into x in the loop's order.
+_CONCATENATE = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack", "torch.vstack",
+                          "torch.hstack", "numpy.concatenate", "numpy.append", "numpy.stack", "numpy.vstack",
+                          "numpy.hstack", "pandas.concat"})
+# Methods that return a str, bytes or list: `x += f.read()` concatenates (it does not add numbers).
+_SEQUENCE_METHODS = frozenset({"read", "read_text", "read_bytes", "readline", "readlines", "splitlines", "split",
+                               "tolist", "encode", "decode", "strip"})
+_SEQUENCE_BUILTINS = ("list", "sorted", "tuple", "str", "bytes")
 
 
 class _Orders:
@@ -204,9 +235,10 @@ class _Orders:
                 return found
         return None
 
-    def sorted_later(self, name: str | None) -> bool:
+    def sorted_later(self, name: str | None, depth: int = 0) -> bool:
         """Whether ``name`` is sorted (``name.sort()``, ``sorted(name)``): in this scope for a local name, in
-        the module for an attribute (``self.files``)."""
+        the module for an attribute (``self.files``); or, for a local name, whether a list built from it is
+        (``pairs = [... for f, y in zip(files, labels)]`` then ``pairs = sorted(pairs)``)."""
         if name is None:
             return False
         calls = (c for c, _s in self.m.calls) if "." in name else (
@@ -217,7 +249,16 @@ class _Orders:
                 return True
             if self.m.is_builtin(func, "sorted") and call.args and dotted(call.args[0]) == name:
                 return True
-        return False
+        return "." not in name and depth < 2 and any(
+            self.sorted_later(derived, depth + 1) for derived in self._derived(name))
+
+    def _derived(self, name: str) -> Iterator[str]:
+        """Local names assigned a value built from ``name`` (other than ``name`` itself)."""
+        for item in self.scope.items:
+            if item.__class__ is ast.Assign and len(item.targets) == 1 and item.targets[0].__class__ is ast.Name:
+                target = item.targets[0].id
+                if target != name and any(True for _n in _loads(item.value, name)):
+                    yield target
 
     def loop_orders(self, loop: ast.For | ast.AsyncFor) -> bool:
         """Whether a loop body makes the iteration order observable: it appends or writes (to something not
@@ -229,6 +270,10 @@ class _Orders:
             cls = n.__class__
             if cls is ast.Yield or cls is ast.YieldFrom:
                 return True
+            if cls is ast.AugAssign or cls is ast.Assign:
+                accumulated = self._accumulated(n)
+                if accumulated:
+                    receivers.add(accumulated)
             if cls is ast.Call:
                 func = n.func
                 if func.__class__ is ast.Attribute and func.attr in _ACCUMULATE:
@@ -242,6 +287,48 @@ class _Orders:
                             v.__class__ is ast.Name and v.id in counters):
                         return True
         return any(r == "?" or not self.sorted_later(r) for r in receivers)
+
+    def _accumulated(self, node: ast.AugAssign | ast.Assign) -> str | None:
+        """The name a loop statement accumulates into in the loop's order: ``data += f.read()``, ``files +=
+        [...]``, ``blob = blob + chunk``, ``ids = torch.cat([ids, t])``; not ``count += 1`` nor a sum of numbers."""
+        if node.__class__ is ast.AugAssign:
+            target, op, value = node.target, node.op, node.value
+        elif len(node.targets) == 1 and node.value.__class__ is ast.BinOp:
+            target, op, value = node.targets[0], node.value.op, node.value.right
+            if dotted(node.value.left) != dotted(target):
+                return None
+        elif len(node.targets) == 1 and node.value.__class__ is ast.Call:
+            name = dotted(node.targets[0])
+            return name if name and self._concatenates(node.value, name) else None
+        else:
+            return None
+        name = dotted(target)
+        if name is None or op.__class__ is not ast.Add:
+            return None
+        return name if self._sequence(value) or self._sequence_init(name) else None
+
+    def _concatenates(self, call: ast.Call, name: str) -> bool:
+        """``torch.cat([name, t])``, ``np.concatenate((name, a))``: ``name`` grows by a concatenation."""
+        return self.m.qual(call.func) in _CONCATENATE and any(
+            dotted(n) == name for arg in call.args[:1] for n in ast.walk(arg))
+
+    def _sequence(self, value: ast.AST) -> bool:
+        """Whether ``value`` is a str, bytes, list or tuple (so ``+`` concatenates)."""
+        cls = value.__class__
+        if cls in (ast.List, ast.ListComp, ast.Tuple, ast.JoinedStr):
+            return True
+        if cls is ast.Constant:
+            return isinstance(value.value, (str, bytes))
+        if cls is ast.Call:
+            func = value.func
+            return any(self.m.is_builtin(func, f) for f in _SEQUENCE_BUILTINS) or (
+                func.__class__ is ast.Attribute and func.attr in _SEQUENCE_METHODS)
+        return False
+
+    def _sequence_init(self, name: str) -> bool:
+        """Whether local ``name`` starts as a str, bytes, list or tuple (``data = ""``, ``out = []``)."""
+        return "." not in name and any(self._sequence(v) for v in self.scope.values_of(name)
+                                       if v.__class__ is not ast.BinOp)
 
 
 def _walk_body(loop: ast.For | ast.AsyncFor) -> Iterator[ast.AST]:
@@ -258,9 +345,13 @@ def _loads(root: ast.AST, name: str) -> Iterator[ast.Name]:
 def _numeric_set(module: Module, node: ast.AST) -> bool:
     """Sets whose elements are visibly ints (their iteration order does not change between runs)."""
     if node.__class__ is ast.Set:
-        return all(isinstance(constant(e, None), int) for e in node.elts)
+        return _int_literals(node.elts)
     if node.__class__ is ast.Call and node.args:
         arg = node.args[0]
+        if arg.__class__ in (ast.List, ast.Tuple):
+            return _int_literals(arg.elts)
+        if arg.__class__ is ast.GeneratorExp:
+            return _int_comprehension(module, arg)
         if arg.__class__ is ast.Call:
             inner = arg.func
             if module.is_builtin(inner, "range") or (inner.__class__ is ast.Attribute and inner.attr == "tolist"):
@@ -268,9 +359,58 @@ def _numeric_set(module: Module, node: ast.AST) -> bool:
             if module.is_builtin(inner, "map") and arg.args and module.is_builtin(arg.args[0], "int"):
                 return True
     if node.__class__ is ast.SetComp:
-        elt = node.elt
-        return elt.__class__ is ast.Call and module.is_builtin(elt.func, "int")
+        return _int_comprehension(module, node)
     return False
+
+
+def _int_literals(elts: list[ast.expr]) -> bool:
+    return bool(elts) and all(isinstance(constant(e, None), int) for e in elts)
+
+
+def _int_comprehension(module: Module, comp: ast.SetComp | ast.GeneratorExp) -> bool:
+    """``{int(x) for x in xs}``, or arithmetic on the targets of loops over ``range(...)``."""
+    elt = comp.elt
+    if elt.__class__ is ast.Call and module.is_builtin(elt.func, "int"):
+        return True
+    targets = set()
+    for gen in comp.generators:
+        if not (gen.iter.__class__ is ast.Call and module.is_builtin(gen.iter.func, "range")
+                and gen.target.__class__ is ast.Name):
+            return False
+        targets.add(gen.target.id)
+    return all(n.__class__ in _ARITHMETIC or (n.__class__ is ast.Name and n.id in targets)
+               or isinstance(constant(n, None), int) for n in ast.walk(elt))
+
+
+_ARITHMETIC = frozenset({ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow,
+                         ast.USub, ast.Load})
+
+
+def _registry(module: Module, node: ast.AST) -> bool:
+    """A module-level set that functions fill with the object they register and return (a decorator
+    registry: ``_leaf_modules.add(cls); return cls``). It holds classes or functions, not strings, and is
+    listed for lookups."""
+    assign = module.parents.get(node)
+    if assign.__class__ not in (ast.Assign, ast.AnnAssign) or module.parents.get(assign) is not module.tree:
+        return False
+    targets = assign.targets if assign.__class__ is ast.Assign else [assign.target]
+    if len(targets) != 1 or targets[0].__class__ is not ast.Name:
+        return False
+    name = targets[0].id
+    adds = [(c, sc) for c, sc in module.calls_to(methods=("add", "update", "__ior__"))
+            if dotted(c.func.value) == name]
+    return bool(adds) and all(_registers(call, scope) for call, scope in adds)
+
+
+def _registers(call: ast.Call, scope: Scope) -> bool:
+    """``registry.add(param)`` in a function that returns ``param`` (a registering decorator)."""
+    arg = call.args[0] if len(call.args) == 1 and call.func.attr == "add" else None
+    if arg is None or arg.__class__ is not ast.Name or scope.kind != "function":
+        return False
+    params = {a.arg for a in (*scope.node.args.posonlyargs, *scope.node.args.args, *scope.node.args.kwonlyargs)}
+    return arg.id in params and any(
+        n.__class__ is ast.Return and n.value.__class__ is ast.Name and n.value.id == arg.id
+        for n in ast.walk(scope.node))
 
 
 class SetIterationOrder(Rule):
@@ -282,8 +422,11 @@ class SetIterationOrder(Rule):
         A set (`{...}`, a set comprehension, `set(...)`, `frozenset(...)`, or a name bound to one) whose order
         becomes data: turned into a list or tuple, enumerated or zipped, iterated by a loop that appends,
         yields, assigns positions or draws random numbers, joined, returned or passed on. Sorting it first, or
-        using it only for membership, length, set algebra, `sum`/`min`/`max`, is fine. Sets of visible ints
-        (`set(range(n))`, `set(t.tolist())`) are not reported.
+        using it only for membership, length, set algebra, `sum`/`min`/`max`, is fine. Not reported: sets of
+        visible ints (`set(range(n))`, `set(t.tolist())`, `{i % k for i in range(n)}`, `set([1, 2])`), whose
+        order does not change, and registries that a registering decorator fills with the classes or functions
+        it registers (`_leaf_modules.add(cls); return cls`), which are listed for lookups. Dicts keep insertion
+        order and are never reported.
         """
     why = """
         A set's order follows the hashes of its elements. `str` (and `bytes`) hashes are randomised per
@@ -307,7 +450,7 @@ class SetIterationOrder(Rule):
         sources.extend(module.set_literals)
         seen: set[int] = set()
         for node, scope in sources:
-            if _numeric_set(module, node):
+            if _numeric_set(module, node) or _registry(module, node):
                 continue
             sink = _Orders(module, scope, ordered=False).sink(node)
             if sink is not None and id(sink) not in seen:
@@ -330,7 +473,11 @@ class UnsortedListing(Rule):
     what = """
         The result of `os.listdir`, `os.scandir`, `glob.glob`/`iglob`, `Path.glob`/`rglob`/`iterdir` or the
         lists of `os.walk` used in an order-sensitive way (stored, turned into a list, indexed, iterated by a
-        loop that appends or yields, passed to a Dataset) without `sorted(...)` or a later `.sort()`.
+        loop that appends, extends, concatenates — `data += f.read()`, `files += [...]`, `x = x + chunk`,
+        `ids = torch.cat([ids, t])`; not a sum of numbers — or yields, passed to a Dataset) without
+        `sorted(...)` or a later `.sort()` — of the list itself or of a list built from it (`pairs = [...
+        zip(files, labels)]`, then `sorted(pairs)`). An `os.walk` loop is fine when what it collects is sorted
+        afterwards, or when it sorts `dirs` in place and sorts (or does not use) the file names.
         """
     why = """
         These functions return entries in file-system order, which depends on the file system, the order files
@@ -373,18 +520,21 @@ def _walk_unsorted(module: Module, scope: Scope, loop: ast.For) -> bool:
         return False
     target = loop.target
     names = [dotted(e) for e in target.elts] if target.__class__ is ast.Tuple else []
-    dirs_sorted = files_sorted = False
+    dirs, files = (names[1], names[2]) if len(names) > 2 else (None, None)
+    dirs_sorted = False
+    files_sorted = files is not None and not any(True for stmt in loop.body for _n in _loads(stmt, files))
     for node in _walk_body(loop):
-        if node.__class__ is ast.Assign and len(names) > 1 and any(  # dirs[:] = sorted(...)
-                t.__class__ is ast.Subscript and dotted(t.value) == names[1] for t in node.targets) and (
+        if node.__class__ is ast.Assign and dirs and any(  # dirs[:] = sorted(...)
+                t.__class__ is ast.Subscript and dotted(t.value) == dirs for t in node.targets) and (
                 node.value.__class__ is ast.Call and module.is_builtin(node.value.func, "sorted")):
             dirs_sorted = True
         if node.__class__ is ast.Call:
             func = node.func
-            if func.__class__ is ast.Attribute and func.attr == "sort" and len(names) > 1 \
-                    and dotted(func.value) == names[1]:
+            sorts = func.__class__ is ast.Attribute and func.attr == "sort"
+            if sorts and dirs and dotted(func.value) == dirs:
                 dirs_sorted = True
-            if module.is_builtin(func, "sorted") and node.args and len(names) > 2 and dotted(node.args[0]) == names[2]:
+            if files and ((sorts and dotted(func.value) == files) or (
+                    module.is_builtin(func, "sorted") and node.args and dotted(node.args[0]) == files)):
                 files_sorted = True
     return not (dirs_sorted and files_sorted)
 

@@ -1,4 +1,5 @@
-"""Determinism: cuDNN flags, ops without deterministic CUDA kernels, and environment variables set too late."""
+"""Determinism: cuDNN flags, ops that are nondeterministic on CUDA (from the registry's rows), and environment
+variables set too late."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..._core import nondet_ops as facts
+from ..._core.nondet_ops import Arg, Row
 from .. import knowledge as K
-from ..calls import argument, constant, env_assignments, is_false, is_true
+from ..calls import argument, constant, env_assignments, has_splat, is_false, is_true
 from ..flow import CUBLAS_ENV, CUDA, CUDNN_DET, DET, Walker, classify_call, is_assumed_determinism, store_events
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
@@ -87,117 +90,150 @@ class CudnnNondeterministic(Rule):
 
 
 # --- TR203: ops that are nondeterministic on CUDA --------------------------------------------------------------------
-Condition = Callable[[ast.Call], bool]
-_LINEAR_MODES = frozenset({"linear", "bilinear", "bicubic", "trilinear"})
+# The table is derived from the registry's rows (torchrepro._core.nondet_ops, plain data shared with
+# torchrepro.control.registry): every linted Python spelling of a row, with the row's argument condition judged on
+# literals (arguments that are not literals are not judged: the call is not flagged). CUDA rows come first; a CPU
+# row is reported where no CUDA row applies (index_put_(accumulate=True) is deterministic on CUDA, not on CPU).
+_UNKNOWN = object()
 
 
-def _always(call: ast.Call) -> bool:
-    return True
+def _expr(call: ast.Call, arg: Arg) -> ast.expr | None:
+    return argument(call, arg.position, (arg.name,) if arg.name else ())
 
 
-def _arg_true(pos: int, name: str) -> Condition:
-    return lambda call: is_true(argument(call, pos, (name,)))
+def _literal(call: ast.Call, arg: Arg) -> object:
+    """The literal value of ``arg``'s argument in ``call``, its default when absent, else ``_UNKNOWN``."""
+    expr = _expr(call, arg)
+    if expr is None:
+        return _UNKNOWN if has_splat(call) else arg.default
+    return constant(expr, _UNKNOWN)
 
 
-def _arg_given(pos: int, name: str) -> Condition:
-    return lambda call: (arg := argument(call, pos, (name,))) is not None and constant(arg, 0) is not None
+def _scalar_like(expr: ast.expr) -> bool:
+    """A number literal, an attribute (a configured value: ``self.confidence``), or arithmetic on those.
+
+    >>> _scalar_like(ast.parse("1 - self.eps", mode="eval").body), _scalar_like(ast.parse("src", mode="eval").body)
+    (True, False)
+    """
+    if expr.__class__ is ast.BinOp:
+        return _scalar_like(expr.left) and _scalar_like(expr.right)
+    if expr.__class__ is ast.UnaryOp:
+        return _scalar_like(expr.operand)
+    return expr.__class__ is ast.Attribute or isinstance(constant(expr, None), (int, float, complex))
 
 
-def _mode_in(pos: int, modes: frozenset[str], name: str = "mode") -> Condition:
-    return lambda call: constant(argument(call, pos, (name,))) in modes
+def _number_parameter(module: Module, call: ast.Call, expr: ast.expr) -> bool:
+    """Whether ``expr`` is a parameter of the enclosing function whose default is a number (``on_value=1.0``)."""
+    func = module.enclosing(call, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    if expr.__class__ is not ast.Name or func is None:
+        return False
+    args = func.args
+    positional = args.posonlyargs + args.args
+    defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]], args.defaults))
+    defaults.update((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
+    default = defaults.get(expr.id)
+    return default is not None and _scalar_like(default)
+
+
+def _tensor_argument(call: ast.Call, arg: Arg, module: Module) -> bool:
+    """Whether ``arg`` is given and may be a tensor: not a number, an attribute or a number-defaulted parameter."""
+    expr = _expr(call, arg)
+    return expr is not None and not _scalar_like(expr) and not _number_parameter(module, call, expr)
+
+
+def _on_literal(test: Callable[[object, Arg], bool]) -> Callable[[ast.Call, Arg, Module], bool]:
+    return lambda call, arg, module: (value := _literal(call, arg)) is not _UNKNOWN and test(value, arg)
+
+
+# How each test of the data reads a call in source (tests that need the real call are never linted).
+STATIC_TESTS: dict[str, Callable[[ast.Call, Arg, Module], bool]] = {
+    facts.TRUE: _on_literal(lambda v, a: bool(v)),
+    facts.FALSE: _on_literal(lambda v, a: not v),
+    facts.IN: _on_literal(lambda v, a: v in a.values),
+    facts.NOT_IN: _on_literal(lambda v, a: v not in a.values),
+    facts.GIVEN: lambda call, arg, module: (e := _expr(call, arg)) is not None and constant(e, 0) is not None,
+    facts.TENSOR: _tensor_argument,
+}
 
 
 @dataclass(frozen=True)
 class Op:
-    """An op that is nondeterministic on CUDA: when a call is one (``when``), and how deterministic mode treats
-    it (``fixed``: it selects a deterministic kernel; otherwise it raises, as no deterministic kernel exists)."""
+    """A TR203 table entry: a Python spelling (``label``) of a registry ``row``, reaching it when ``when`` holds."""
 
     label: str
-    when: Condition = _always
-    fixed: bool = True
-    cudnn: bool = False  # also fixed by torch.backends.cudnn.deterministic = True
-    how: str = "accumulates with atomic adds whose order changes from run to run"
+    row: Row
+    when: Arg | None = None
+
+    def applies(self, call: ast.Call, module: Module) -> bool:
+        return self.when is None or STATIC_TESTS[self.when.test](call, self.when, module)
+
+    def describe(self, call: ast.Call) -> str:
+        """The label with the condition that holds, e.g. ``F.pad(mode='replicate')``."""
+        if self.when is None:
+            return self.label
+        found = _literal(call, self.when) if self.when.test == facts.IN else _UNKNOWN
+        return f"{self.label}({self.when.describe(None if found is _UNKNOWN else (found,))})"
 
 
-_ATOMIC = "accumulates with atomic adds whose order changes from run to run"
-_BACKWARD = "its backward accumulates with atomic adds on CUDA"
-_CONV = "cuDNN may pick a convolution algorithm whose results differ from run to run"
+def _key(name: str) -> str:
+    """The table key of a spelling: ``.method`` for ``Tensor.method`` (any receiver), else the qualified name."""
+    return name[len("Tensor"):] if name.startswith("Tensor.") else name
+
+
+def lint_table(rows: tuple[Row, ...]) -> dict[str, tuple[Op, ...]]:
+    """Key -> the entries of every linted spelling of ``rows``, in row order (the first that applies is reported).
+
+    >>> [op.row.effect for op in lint_table(facts.rows_for("cuda"))["torch.nn.functional.pad"]]
+    ['switches kernel', 'raises']
+    """
+    table: dict[str, list[Op]] = {}
+    for row in rows:
+        for spelling in row.spellings:
+            if not spelling.not_linted:
+                table.setdefault(_key(spelling.name), []).append(Op(spelling.label, row, spelling.when))
+    return {key: tuple(ops) for key, ops in table.items()}
+
 
 # Keys are qualified names; ".name" keys match Tensor methods on any receiver.
-NONDETERMINISTIC_OPS: dict[str, Op] = {
-    ".index_add_": Op("Tensor.index_add_"), ".index_add": Op("Tensor.index_add"),
-    "torch.index_add": Op("torch.index_add"),
-    ".scatter_add_": Op("Tensor.scatter_add_"), ".scatter_add": Op("Tensor.scatter_add"),
-    "torch.scatter_add": Op("torch.scatter_add"),
-    ".index_put_": Op("Tensor.index_put_(accumulate=True)", _arg_true(2, "accumulate")),
-    ".index_put": Op("Tensor.index_put(accumulate=True)", _arg_true(2, "accumulate")),
-    "torch.index_put": Op("torch.index_put(accumulate=True)", _arg_true(3, "accumulate")),
-    ".put_": Op("Tensor.put_", fixed=False, how="writes (or accumulates) in an order that changes between runs"),
-    ".scatter_reduce_": Op("Tensor.scatter_reduce_"), ".scatter_reduce": Op("Tensor.scatter_reduce"),
-    "torch.scatter_reduce": Op("torch.scatter_reduce"),
-    ".index_reduce_": Op("Tensor.index_reduce_", fixed=False), ".index_reduce": Op("Tensor.index_reduce", fixed=False),
-    ".histc": Op("Tensor.histc", fixed=False), "torch.histc": Op("torch.histc", fixed=False),
-    ".bincount": Op("Tensor.bincount(weights)", _arg_given(0, "weights"), fixed=False),
-    "torch.bincount": Op("torch.bincount(weights)", _arg_given(1, "weights"), fixed=False),
-    "torch.median": Op("torch.median(dim)", _arg_given(1, "dim"), fixed=False,
-                       how="its CUDA kernel picks among equal values in an order that changes between runs"),
-    "torch.nn.functional.interpolate": Op("F.interpolate(mode=linear/bilinear/bicubic/trilinear)",
-                                          _mode_in(3, _LINEAR_MODES), fixed=False, how=_BACKWARD),
-    "torch.nn.functional.upsample": Op("F.upsample(mode=bilinear...)", _mode_in(3, _LINEAR_MODES), fixed=False,
-                                       how=_BACKWARD),
-    "torch.nn.functional.upsample_bilinear": Op("F.upsample_bilinear", fixed=False, how=_BACKWARD),
-    "torch.nn.Upsample": Op("nn.Upsample(mode=linear/bilinear/bicubic/trilinear)", _mode_in(2, _LINEAR_MODES),
-                            fixed=False, how=_BACKWARD),
-    "torch.nn.UpsamplingBilinear2d": Op("nn.UpsamplingBilinear2d", fixed=False, how=_BACKWARD),
-    "torch.nn.functional.grid_sample": Op("F.grid_sample", fixed=False, how=_BACKWARD),
-    "torch.nn.functional.ctc_loss": Op("F.ctc_loss", fixed=False, how=_BACKWARD),
-    "torch.nn.CTCLoss": Op("nn.CTCLoss", fixed=False, how=_BACKWARD),
-    "torch.nn.functional.embedding_bag": Op("F.embedding_bag(mode='max')", _mode_in(6, frozenset({"max"})),
-                                            fixed=False, how=_BACKWARD),
-    "torch.nn.EmbeddingBag": Op("nn.EmbeddingBag(mode='max')", _mode_in(5, frozenset({"max"})), fixed=False,
-                                how=_BACKWARD),
-    "torch.nn.functional.pad": Op("F.pad(mode='reflect'/'replicate')",
-                                  _mode_in(2, frozenset({"reflect", "replicate"})), fixed=False, how=_BACKWARD),
-}
-for _name in ("AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool2d", "AvgPool3d", "FractionalMaxPool2d",
-              "FractionalMaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d", "ReflectionPad1d",
-              "ReflectionPad2d", "ReflectionPad3d"):
-    NONDETERMINISTIC_OPS[f"torch.nn.{_name}"] = Op(f"nn.{_name}", fixed=False, how=_BACKWARD)
-for _name in ("adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool2d", "avg_pool3d",
-              "fractional_max_pool2d", "fractional_max_pool3d", "max_unpool1d", "max_unpool2d", "max_unpool3d"):
-    NONDETERMINISTIC_OPS[f"torch.nn.functional.{_name}"] = Op(f"F.{_name}", fixed=False, how=_BACKWARD)
-for _name in ("ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d", "MaxPool3d"):
-    NONDETERMINISTIC_OPS[f"torch.nn.{_name}"] = Op(f"nn.{_name}", how=_BACKWARD)
-NONDETERMINISTIC_OPS["torch.nn.functional.max_pool3d"] = Op("F.max_pool3d", how=_BACKWARD)
-for _d in "123":
-    for _name in (f"Conv{_d}d", f"ConvTranspose{_d}d"):
-        NONDETERMINISTIC_OPS[f"torch.nn.{_name}"] = Op(f"nn.{_name}", cudnn=True, how=_CONV)
-    for _name in (f"conv{_d}d", f"conv_transpose{_d}d"):
-        NONDETERMINISTIC_OPS[f"torch.nn.functional.{_name}"] = Op(f"F.{_name}", cudnn=True, how=_CONV)
+NONDETERMINISTIC_OPS: dict[str, tuple[Op, ...]] = lint_table(facts.rows_for("cuda") + facts.rows_for("cpu"))
 
 
 def nondeterministic_op(module: Module, call: ast.Call) -> Op | None:
     """The table entry a call matches (None if it is not a nondeterministic op, or its arguments make it safe)."""
     qual = module.qual(call.func)
-    op = NONDETERMINISTIC_OPS.get(qual) if qual else None
-    if op is None and call.func.__class__ is ast.Attribute and (qual is None or qual.startswith("torch.")):
-        op = NONDETERMINISTIC_OPS.get("." + call.func.attr)
-    if op is not None and op.when(call):
-        return op
-    return None
+    ops = NONDETERMINISTIC_OPS.get(qual, ()) if qual else ()
+    if not ops and call.func.__class__ is ast.Attribute and (qual is None or qual.startswith("torch.")):
+        ops = NONDETERMINISTIC_OPS.get("." + call.func.attr, ())
+    return next((op for op in ops if op.applies(call, module)), None)
 
 
 @dataclass(frozen=True)
 class Determinism:
-    """Whether deterministic mode, or cuDNN's deterministic flag, is switched on, and where."""
+    """Whether deterministic mode, cuDNN's deterministic flag or a fixed cuBLAS workspace is set, and where."""
 
     mode: str = ""
     cudnn: str = ""
+    cublas: str = ""
+
+    def covers(self, row: Row) -> bool:
+        """Whether this makes ``row`` deterministic. Deterministic mode covers every row: it switches kernels or
+        raises, and a program that enables it is taken to run with CUBLAS_WORKSPACE_CONFIG set (torch < 2.10
+        raises for cuBLAS work without it; torchrepro.deterministic(), Lightning and transformers set it)."""
+        return bool(self.mode or (row.cudnn and self.cudnn) or (row.effect == facts.NOTHING and self.cublas))
 
 
 def _may_enable(qual: str) -> bool:
     return (qual in K.DETERMINISM_ENABLERS or qual in K.SEEDERS or qual == K.LIGHTNING_TRAINER
             or qual in K.HF_TRAINING_ARGUMENTS)
+
+
+def _cublas_set(module: Module) -> str:
+    """Where ``module`` sets CUBLAS_WORKSPACE_CONFIG (``os.environ[...] = ``, ``setdefault``, ...), or ""."""
+    setters = module.calls_to(methods=("setdefault", "update", "putenv"))
+    for node, _scope in sorted((*module.stores, *setters), key=lambda e: e[0].lineno):
+        if any(key == "CUBLAS_WORKSPACE_CONFIG" for key, _value in env_assignments(module, node)):
+            return f"line {node.lineno}"
+    return ""
 
 
 def module_determinism(module: Module, walker: Walker) -> Determinism:
@@ -218,35 +254,117 @@ def module_determinism(module: Module, walker: Walker) -> Determinism:
         for kind, _lib, _detail in store_events(module, node):
             if kind == CUDNN_DET and not cudnn:
                 cudnn = f"line {node.lineno}"
+    cublas = _cublas_set(module)
     summary = walker.program(module)
     if not mode and summary.has(DET):
         mode = summary.first(DET).detail
     if not cudnn and summary.has(CUDNN_DET):
         cudnn = summary.first(CUDNN_DET).where()
-    return Determinism(mode, cudnn)
+    if not cublas and summary.has(CUBLAS_ENV):
+        cublas = summary.first(CUBLAS_ENV).where()
+    return Determinism(mode, cudnn, cublas)
+
+
+# What a finding says after "<op>: <cause>", by kind (a row's effect; "cudnn" for rows the cuDNN flag fixes too),
+# and its help ("" = the rule's). {where}: "this program" or "this module (...)"; {on}: the device, in words.
+_TAILS: dict[str, tuple[str, str]] = {
+    "cudnn": ("; {where} sets neither torch.backends.cudnn.deterministic = True nor deterministic mode",
+              "set torch.backends.cudnn.deterministic = True and benchmark = False, or enable "
+              "torch.use_deterministic_algorithms(True)"),
+    facts.SWITCHES: (" {on}; {where} never enables deterministic mode, which would switch it to a deterministic "
+                     "kernel", ""),
+    facts.RAISES: (" {on}, and PyTorch has no deterministic kernel for it there; {where} never enables "
+                   "deterministic mode, so the results silently vary",
+                   "enable deterministic mode so that it raises instead of varying, then replace it, run it "
+                   "{elsewhere}, or accept and bound the difference"),
+    facts.WARNS: (" {on}, and deterministic mode only warns about it; {where} never enables deterministic mode",
+                  "enable deterministic mode to be told when it runs, then replace it"),
+    facts.NOTHING: ("; {where} sets neither the variable nor deterministic mode (which has no other kernel for "
+                    "it, but needs the variable on torch < 2.10)",
+                    "export CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) before the program starts, or call "
+                    "torchrepro.deterministic() first thing (it sets the variable)"),
+}
+_ON = {"cuda": "on CUDA", "cpu": "on CPU with 2+ threads"}
+_ELSEWHERE = {"cuda": "on CPU", "cpu": "with one thread"}
+_WITH_ALTERNATIVE = frozenset({facts.RAISES, facts.WARNS})  # kinds whose help names the row's alternative
+
+
+@dataclass(frozen=True)
+class Site:
+    """One flagged call: where, in which outermost scope, and which entry it matches."""
+
+    call: ast.Call
+    scope: Scope
+    op: Op
+
+
+def _outermost(scope: Scope) -> Scope:
+    """The top-level class or function around ``scope`` (the module's own scope for top-level code)."""
+    while scope.parent is not None and scope.parent.parent is not None:
+        scope = scope.parent
+    return scope
+
+
+_SCOPE_NAMES = {"class": "in class {}", "function": "in function {}()", "lambda": "in a lambda",
+                "module": "at the top level"}
+
+
+def _line_list(lines: list[int]) -> str:
+    """``line 12`` or ``lines 12, 14`` (each line once)."""
+    unique = list(dict.fromkeys(lines))
+    return ("line " if len(unique) == 1 else "lines ") + ", ".join(map(str, unique))
+
+
+def _others(first: Site, rest: list[Site]) -> str:
+    """`` (and 9 more in class Net: lines 12, 14)``: the other places of a group ("" when there are none)."""
+    if not rest:
+        return ""
+    by_label: dict[str, list[int]] = {}
+    for site in rest:
+        by_label.setdefault(site.op.describe(site.call), []).append(site.call.lineno)
+    if list(by_label) == [first.op.describe(first.call)]:
+        listed = _line_list(by_label.popitem()[1])
+    else:
+        listed = "; ".join(f"{label} at {_line_list(lines)}" for label, lines in by_label.items())
+    scope = _SCOPE_NAMES[first.scope.kind].format(first.scope.name)
+    return f" (and {len(rest)} more {scope}: {listed})"
+
+
+def _groups(sites: list[Site]) -> list[list[Site]]:
+    """Sites grouped by cause (registry row) and outermost scope, in source order of their first site."""
+    groups: dict[tuple[int, int], list[Site]] = {}
+    for site in sites:
+        groups.setdefault((id(site.op.row), id(site.scope)), []).append(site)
+    return list(groups.values())
 
 
 class NondeterministicOp(Rule):
     code = "TR203"
     name = "nondeterministic-op"
     family = "determinism"
-    summary = "An op that is nondeterministic on CUDA, in a program that never enables deterministic mode."
+    summary = ("An op that is nondeterministic on CUDA (a few: on CPU with 2+ threads), in a program that never "
+               "enables deterministic mode.")
     what = """
-        Calls of ops whose CUDA kernels are nondeterministic (per `torch.use_deterministic_algorithms`):
-        `index_add_`, `scatter_add_`, `scatter_reduce`, `index_put_(accumulate=True)`, `put_`,
-        `index_reduce`, `histc`, `bincount(weights)`, `median(dim)`, `interpolate`/`nn.Upsample` with
+        Calls of ops that the registry of nondeterministic ops (`torchrepro.nondeterministic_ops()`, the same
+        rows) lists for CUDA, or for CPU where no CUDA row applies (`index_put_(accumulate=True)`):
+        `index_add_`, `scatter_add_`, `scatter_reduce` (sum/mean/prod), `scatter_` with a tensor `src`,
+        explicit `index_put_` with accumulate=False, `index_copy_`, `put_`, `index_reduce`, `histc`,
+        `bincount(weights)`, `median(dim)`, `kthvalue`, `interpolate`/`nn.Upsample` with
         linear/bilinear/bicubic/trilinear modes, `grid_sample`, `ctc_loss`/`CTCLoss`, `embedding_bag` with
-        `mode='max'`, adaptive and 3-D pooling, `MaxUnpool`, reflection and replication padding, and
-        convolutions (cuDNN), when neither the module nor a linted program that imports it enables
-        deterministic mode (`torch.use_deterministic_algorithms(True)`, `torchrepro.deterministic()`,
-        Lightning's `Trainer(deterministic=True)`, `enable_full_determinism`, ...). For convolutions,
-        `torch.backends.cudnn.deterministic = True` is enough.
+        `mode='max'`, adaptive and 3-D pooling, `MaxUnpool`, reflection and replication padding (also
+        `F.pad(mode=...)`), convolutions (cuDNN) and cuDNN RNNs (`nn.LSTM`/`GRU`/`RNN`), when neither the
+        module nor a linted program that imports it enables deterministic mode
+        (`torch.use_deterministic_algorithms(True)`, `torchrepro.deterministic()`, Lightning's
+        `Trainer(deterministic=True)`, `enable_full_determinism`, ...). For convolutions,
+        `torch.backends.cudnn.deterministic = True` is enough; for RNNs, `CUBLAS_WORKSPACE_CONFIG`. The calls
+        with one cause in one top-level class or function are one finding, at the first, naming the other lines.
         """
     why = """
-        These kernels accumulate floating-point values with atomics in whatever order the GPU schedules them.
-        Float addition is not associative, so results differ in the last bits from run to run, and training
-        amplifies the difference until two same-seed runs give different models. Deterministic mode selects
-        deterministic kernels where PyTorch has them and raises where it does not.
+        These kernels accumulate floating-point values with atomics in whatever order the GPU schedules them,
+        or let the last of several writes to one place win. Float addition is not associative, so results
+        differ in the last bits from run to run, and training amplifies the difference until two same-seed runs
+        give different models. Deterministic mode switches to deterministic kernels where PyTorch has them and
+        raises where it does not (the message says which).
         """
     example = """
         out.index_add_(0, index, src)               # TR203 in a program without deterministic mode
@@ -263,38 +381,40 @@ class NondeterministicOp(Rule):
         by_qual, by_attr, _by_name = module.index
         candidates = module.calls_to([q for q in by_qual if q in NONDETERMINISTIC_OPS],
                                      methods=[m for m in by_attr if "." + m in NONDETERMINISTIC_OPS])
-        found = [(call, op) for call, _scope in candidates if (op := nondeterministic_op(module, call))]
-        if not found:
+        sites = [Site(call, _outermost(scope), op) for call, scope in candidates
+                 if (op := nondeterministic_op(module, call))]
+        if not sites:
             return
         status = _coverage(ctx)
-        for call, op in found:
-            if status.mode or (op.cudnn and status.cudnn):
-                continue
-            where = "this program" if ctx.is_program else "this module (and no linted program importing it)"
-            if op.cudnn:
-                yield Finding(call, f"{op.label}: {op.how}; {where} sets neither "
-                                    "torch.backends.cudnn.deterministic = True nor deterministic mode",
-                              "set torch.backends.cudnn.deterministic = True and benchmark = False, or enable "
-                              "torch.use_deterministic_algorithms(True)")
-            elif op.fixed:
-                yield Finding(call, f"{op.label} {op.how} on CUDA; {where} never enables deterministic mode, "
-                                    "which would select a deterministic kernel")
-            else:
-                yield Finding(call, f"{op.label}: {op.how}, and PyTorch has no deterministic CUDA kernel for it; "
-                                    f"{where} never enables deterministic mode, so the results silently vary",
-                              "enable deterministic mode (the op then raises on CUDA: replace it, or run it on CPU "
-                              "or accept and bound the difference)")
+        where = "this program" if ctx.is_program else "this module (and no linted program importing it)"
+        for first, *rest in _groups([s for s in sites if not status.covers(s.op.row)]):
+            # A noqa on the reported line silences the group (the engine drops it); one on another line of the
+            # group takes that line out of the group.
+            rest = [s for s in rest if not ctx.suppressed(s.call, self.code)]
+            yield self._finding(first, rest, where)
+
+    def _finding(self, first: Site, rest: list[Site], where: str) -> Finding:
+        row = first.op.row
+        kind = "cudnn" if row.cudnn else row.effect
+        tail, help_text = _TAILS[kind]
+        cause = f"its backward {row.cause}" if row.backward else row.cause
+        message = (f"{first.op.describe(first.call)}{_others(first, rest)}: {cause}"
+                   f"{tail.format(where=where, on=_ON[row.device])}")
+        help_text = help_text.format(elsewhere=_ELSEWHERE[row.device])
+        if kind in _WITH_ALTERNATIVE and row.alternative:
+            help_text += f"; known alternative: {row.alternative}"
+        return Finding(first.call, message, help_text)
 
 
 def _coverage(ctx: Context) -> Determinism:
     own = module_determinism(ctx.module, ctx.walker)
     if own.mode or ctx.is_program:
         return own
-    mode, cudnn = own.mode, own.cudnn
+    mode, cudnn, cublas = own.mode, own.cudnn, own.cublas
     for program in ctx.importing_programs():
         theirs = module_determinism(program, ctx.walker)
-        mode, cudnn = mode or theirs.mode, cudnn or theirs.cudnn
-    return Determinism(mode, cudnn)
+        mode, cudnn, cublas = mode or theirs.mode, cudnn or theirs.cudnn, cublas or theirs.cublas
+    return Determinism(mode, cudnn, cublas)
 
 
 class CublasAfterCuda(Rule):

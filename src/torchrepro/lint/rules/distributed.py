@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from .. import knowledge as K
 from ..calls import argument, has_splat, is_false, is_true
 from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED
-from ..module import Module, Scope, dotted
+from ..module import Module, Scope, dotted, walk_own
 from ..rule import Context, Finding, Rule
 
 _KIND_OF_NAMES = {
@@ -21,11 +21,60 @@ _KIND_OF_NAMES = {
 def _module_has(ctx: Context, kind: str) -> bool:
     """Whether a call in the module, or on the path from its entry point, causes an event of ``kind``."""
     module = ctx.module
-    if kind == SET_EPOCH and module.calls_to(methods="set_epoch"):
+    if kind == SET_EPOCH and any(_sets_epoch(name) for table in module.index[1:] for name in table):
         return True
     if any(_KIND_OF_NAMES[kind](qual) for qual in module.index[0]):
         return True
     return ctx.is_program and ctx.summary.has(kind)
+
+
+def _sets_epoch(name: str) -> bool:
+    """``set_epoch``, or a helper whose name says it sets the epoch (``set_loader_epoch``, ``_set_sampler_epoch``):
+    a helper the linter cannot see is assumed to do what its name says."""
+    last = name.lower().lstrip("_")
+    return last.startswith("set") and "epoch" in last
+
+
+def _escapes(scope: Scope, sampler: ast.Call) -> bool:
+    """Whether the sampler leaves the function that builds it: returned or yielded (alone, or in a loader, dict
+    or tuple built from it) or stored on an object, so that its epoch is the caller's to set (a loader factory)."""
+    if scope.kind != "function":
+        return False
+    held: set[str] = set()  # local names holding the sampler, or something built from it
+    nodes = list(walk_own(scope.node))
+    for _round in range(5):
+        before = len(held)
+        if any(_passes_out(node, sampler, held) for node in nodes):
+            return True
+        if len(held) == before:
+            return False
+    return False
+
+
+def _passes_out(node: ast.AST, sampler: ast.Call, held: set[str]) -> bool:
+    """Whether ``node`` hands what holds the sampler out of the function; the local names it binds to it are
+    added to ``held`` (``loader = DataLoader(ds, sampler=sampler)``, ``loader_args.update(sampler=sampler)``)."""
+    cls = node.__class__
+    if cls in (ast.Return, ast.Yield, ast.YieldFrom):
+        return _mentions(node.value, sampler, held)
+    if cls in (ast.Assign, ast.AnnAssign) and _mentions(node.value, sampler, held):
+        for target in node.targets if cls is ast.Assign else [node.target]:
+            for t in target.elts if target.__class__ in (ast.Tuple, ast.List) else [target]:
+                while t.__class__ is ast.Subscript:
+                    t = t.value
+                if t.__class__ is ast.Attribute:
+                    return True  # self.sampler = ...
+                if t.__class__ is ast.Name:
+                    held.add(t.id)
+    elif cls is ast.Call and node.func.__class__ is ast.Attribute and node.func.value.__class__ is ast.Name and any(
+            _mentions(a, sampler, held) for a in (*node.args, *(kw.value for kw in node.keywords))):
+        held.add(node.func.value.id)
+    return False
+
+
+def _mentions(expr: ast.AST | None, sampler: ast.Call, held: set[str]) -> bool:
+    return expr is not None and any(n is sampler or (n.__class__ is ast.Name and n.id in held)
+                                    for n in ast.walk(expr))
 
 
 class SamplerWithoutSetEpoch(Rule):
@@ -35,8 +84,13 @@ class SamplerWithoutSetEpoch(Rule):
     summary = "A shuffling `DistributedSampler` whose `set_epoch` is never called."
     what = """
         `DistributedSampler(...)` (shuffling, the default) in a module where no `.set_epoch(...)` call exists —
-        neither in the module, nor on the path from its entry point, nor in a linted program that imports it —
-        and no framework that calls it for you (Lightning, Hugging Face `Trainer`, Accelerate) is used.
+        neither in the module, nor on the path from its entry point or from the function that builds the
+        sampler, nor in a linted program that imports it — and no framework that calls it for you (Lightning,
+        Hugging Face `Trainer`, Accelerate) is used. Any `set_epoch` call counts (`loader.sampler.set_epoch`,
+        `sampler.set_epoch`, `loader.set_epoch`), and so does a helper the linter cannot see whose name says it
+        sets the epoch (`set_loader_epoch(loader, epoch)`). A sampler that a library function hands back to its
+        caller (a loader factory such as timm's `create_loader`) is not reported when no program that calls it
+        is found: setting the epoch is the caller's job.
         """
     why = """
         The sampler shuffles with `seed + epoch`. Without `set_epoch(epoch)` the epoch stays 0, so every epoch
@@ -58,15 +112,19 @@ class SamplerWithoutSetEpoch(Rule):
 
     def check(self, ctx: Context) -> Iterator[Finding]:
         module = ctx.module
-        samplers = [call for call, _scope in module.calls_to(K.DISTRIBUTED_SAMPLER)
+        samplers = [(call, scope) for call, scope in module.calls_to(K.DISTRIBUTED_SAMPLER)
                     if not is_false(argument(call, 3, ("shuffle",)))]
         if not samplers or _module_has(ctx, SET_EPOCH) or _module_has(ctx, SHARDED):
             return
-        for program in ctx.importing_programs():
+        samplers = [(call, scope) for call, scope in samplers if not ctx.walker.summary(scope).has(SET_EPOCH)]
+        programs = ctx.importing_programs() if samplers else []
+        for program in programs:
             program_ctx = Context(program, ctx.project, ctx.walker, ctx.programs)
             if _module_has(program_ctx, SET_EPOCH) or _module_has(program_ctx, SHARDED):
                 return
-        for call in samplers:
+        for call, scope in samplers:
+            if not programs and not ctx.is_program and _escapes(scope, call):
+                continue  # a factory whose callers cannot be seen: they set the epoch
             yield Finding(call, "DistributedSampler shuffles with seed + epoch, but set_epoch() is never called: "
                                 "every epoch repeats the same order")
 

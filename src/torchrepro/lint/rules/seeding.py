@@ -4,22 +4,33 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from .. import knowledge as K
-from ..calls import argument, constant, has_splat
-from ..flow import DRAW, SEED, Event, is_assumed_seeder
+from ..calls import argument, constant, has_splat, names_in
+from ..flow import DRAW, MODEL, SEED, Event, Spawn, Summary, classify_call, draw_of, is_assumed_seeder
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
 
+Process = tuple[Summary, Spawn | None]
 
-def _first_draw(ctx: Context, lib: str) -> tuple[ast.AST, str] | None:
-    """Where ``lib`` first draws: on the path from the entry point, else anywhere in the module."""
-    event = ctx.summary.first(DRAW, lib)
+
+def _processes(ctx: Context) -> list[Process]:
+    """The program's own process and the processes it spawns, each with its own events."""
+    return ctx.walker.processes(ctx.summary)
+
+
+def _first_draw(ctx: Context, events: Summary, lib: str, fallback: bool) -> tuple[ast.AST, str] | None:
+    """Where ``lib`` first draws in a process; with ``fallback``, else a draw anywhere in the module that no
+    walk reached (when the program draws from ``lib`` nowhere on its paths)."""
+    event = events.first(DRAW, lib)
     if event is not None:
         return event.site_in(ctx.module), _describe(ctx.module, event)
-    draws = ctx.draws[lib]
+    if not fallback or ctx.summary.has(DRAW, lib):
+        return None
+    draws = [d for d in ctx.draws[lib] if not ctx.walker.reached(d[2])]
     if draws:
-        call, detail = min(draws, key=lambda d: (d[0].lineno, d[0].col_offset))
+        call, detail, _scope = min(draws, key=lambda d: (d[0].lineno, d[0].col_offset))
         return call, detail
     return None
 
@@ -35,6 +46,14 @@ def _seed_site(ctx: Context, event: Event) -> str:
     return f"{event.detail}, line {getattr(node, 'lineno', 1)}"
 
 
+def _in_process(ctx: Context, spawn: Spawn | None) -> str:
+    """`` in worker(), which mp.spawn (line 12) runs in a new process`` ("" for the program's own process)."""
+    if spawn is None:
+        return ""
+    line = getattr(spawn.site_in(ctx.module), "lineno", 1)
+    return f" in {spawn.target.name}(), which {spawn.api} (line {line}) runs in a new process"
+
+
 class UnseededRng(Rule):
     code = "TR101"
     name = "unseeded-rng"
@@ -44,10 +63,16 @@ class UnseededRng(Rule):
     what = """
         A program (a module with an entry point) that draws from the global generators of `random`,
         `numpy.random` or `torch` — including building a model, whose layers draw their initial weights, and a
-        shuffling DataLoader — while no seeding call is on the path from the entry point. A seed set in a helper
-        that the entry point calls (in this file or an imported project file) counts, and so does a helper we
-        cannot see whose name says it seeds (`set_seed`, `seed_all`, ...). One finding per library, at its
-        first draw.
+        shuffling DataLoader, and sampling (`torch.multinomial`, `generate(do_sample=True)`) — while no seeding
+        call is on the path from the entry point. A seed set in a helper that the entry point calls (in this
+        file or an imported project file) counts, and so does a helper we cannot see whose name says it seeds
+        (`set_seed`, `seed_all`, ...). A function run in a new process (`mp.spawn(fn)`, `Process(target=fn)`,
+        unless forked) is an entry point of its own: a seed inside it counts, and its draws are reported when
+        neither it nor the parent seeds (a seed only in the parent is TR106). Loading pretrained weights
+        (`from_pretrained` without a new task head, `pretrained=True`, `weights=` a string or a `*_Weights`
+        entry, but not `"DEFAULT" if args.pretrained else None` or an option that may be None) and greedy
+        decoding draw nothing that matters, nor do torchvision's look-ups (`list_models`, `get_weight`, the
+        `*_Weights` enums). One finding per library and process, at its first draw.
         """
     why = """
         Without a seed every run starts from different initial weights, data order and augmentations, so two
@@ -66,14 +91,21 @@ class UnseededRng(Rule):
     help = "seed every library at the start of the entry point: torchrepro.seed_everything(seed)"
 
     def check(self, ctx: Context) -> Iterator[Finding]:
-        if any(ctx.summary.has(SEED, lib) for lib in K.LIBS):
-            return
-        for lib in K.LIBS:
-            first = _first_draw(ctx, lib)
-            if first is not None:
-                node, detail = first
-                yield Finding(node, f"{K.LIB_LABEL[lib]} draws random numbers here ({detail}), but no generator is "
-                                    "seeded on the path from the entry point")
+        fallback = not any(ctx.summary.has(SEED, lib) for lib in K.LIBS)
+        seen: set[tuple[int, str]] = set()
+        for events, spawn in _processes(ctx):
+            if any(events.has(SEED, lib) for lib in K.LIBS):
+                continue
+            where = "on the path from the entry point" if spawn is None else "in that process"
+            for lib in K.LIBS:
+                if spawn is not None and lib in spawn.seeded:
+                    continue  # seeded in the parent only: TR106
+                first = _first_draw(ctx, events, lib, fallback and spawn is None)
+                if first is not None and (id(first[0]), lib) not in seen:
+                    seen.add((id(first[0]), lib))
+                    node, detail = first
+                    yield Finding(node, f"{K.LIB_LABEL[lib]} draws random numbers here ({detail})"
+                                        f"{_in_process(ctx, spawn)}, but no generator is seeded {where}")
 
 
 class PartialSeeding(Rule):
@@ -102,20 +134,24 @@ class PartialSeeding(Rule):
     help = "seed every library that draws, e.g. torchrepro.seed_everything(seed) instead of torch.manual_seed"
 
     def check(self, ctx: Context) -> Iterator[Finding]:
-        summary = ctx.summary
-        seeded = [lib for lib in K.LIBS if summary.has(SEED, lib)]
-        if not seeded:
-            return
-        for lib in K.LIBS:
-            if lib in seeded:
+        seen: set[tuple[int, str]] = set()
+        for events, spawn in _processes(ctx):
+            seeded = [lib for lib in K.LIBS if events.has(SEED, lib)]
+            if not seeded:
                 continue
-            first = _first_draw(ctx, lib)
-            if first is not None:
+            for lib in K.LIBS:
+                if lib in seeded or (spawn is not None and lib in spawn.seeded):
+                    continue
+                first = _first_draw(ctx, events, lib, spawn is None)
+                if first is None or (id(first[0]), lib) in seen:
+                    continue
+                seen.add((id(first[0]), lib))
                 node, detail = first
-                seeds = summary.first(SEED, seeded[0])
+                seeds = events.first(SEED, seeded[0])
                 labels = " and ".join(K.LIB_LABEL[s] for s in seeded)
-                yield Finding(node, f"{K.LIB_LABEL[lib]} draws random numbers here ({detail}) but is never seeded; "
-                                    f"only {labels} {'is' if len(seeded) == 1 else 'are'} ({_seed_site(ctx, seeds)})",
+                yield Finding(node, f"{K.LIB_LABEL[lib]} draws random numbers here ({detail}){_in_process(ctx, spawn)} "
+                                    f"but is never seeded{' there' if spawn else ''}; only {labels} "
+                                    f"{'is' if len(seeded) == 1 else 'are'} ({_seed_site(ctx, seeds)})",
                               f"seed it too: {K.LIB_SEEDER[lib]}, or torchrepro.seed_everything(seed) for all")
 
 
@@ -147,19 +183,97 @@ class SeedAfterDraw(Rule):
     help = "move the seeding call before the first draw (before the model is built)"
 
     def check(self, ctx: Context) -> Iterator[Finding]:
-        summary = ctx.summary
-        for lib in K.LIBS:
-            seed, draw = summary.first(SEED, lib), summary.first(DRAW, lib)
-            if seed is None or draw is None or summary.position(draw) > summary.position(seed):
+        seen: set[tuple[int, str]] = set()
+        for events, spawn in _processes(ctx):
+            for lib in K.LIBS:
+                seed, draw = events.first(SEED, lib), events.first(DRAW, lib)
+                if seed is None or draw is None or events.position(draw) > events.position(seed):
+                    continue
+                if spawn is not None and lib in spawn.seeded:
+                    continue  # the parent seeded it: TR106
+                node = draw.site_in(ctx.module)
+                if (id(node), lib) in seen:
+                    continue
+                seen.add((id(node), lib))
+                model = events.first(MODEL)
+                if model is not None and model.chain == draw.chain:
+                    what = f"the model is built here ({_describe(ctx.module, model)}), so its initial weights are drawn"
+                else:
+                    what = f"{K.LIB_LABEL[lib]} draws random numbers here ({_describe(ctx.module, draw)})"
+                yield Finding(node, f"{what}{_in_process(ctx, spawn)} before {K.LIB_LABEL[lib]} is seeded "
+                                    f"({_seed_site(ctx, seed)}); the seed does not cover them")
+
+
+_METHOD_NOTE = {
+    None: " (with the spawn or forkserver start method, the default except on Linux before Python 3.14)",
+    "forkserver": " (start method forkserver)",
+}
+
+
+class SeedDoesNotReachSpawnedProcess(Rule):
+    code = "TR106"
+    name = "seed-does-not-reach-spawned-process"
+    family = "seeding"
+    program = True
+    summary = "A program seeds, then starts a process with the spawn method; the process draws, unseeded."
+    what = """
+        A function run in a new process — `torch.multiprocessing.spawn(fn)` / `mp.spawn(fn)`,
+        `start_processes(fn)`, `multiprocessing.Process(target=fn)` (also `torch.multiprocessing` and
+        `get_context(...).Process`) — that draws from a library's global generator (building a model, shuffling,
+        sampling) without seeding it first, while the parent seeded that library before starting the process. The
+        spawned function is an entry point of its own: a seed inside it, or in a helper it calls, counts, and so
+        does one at the top level of the main module outside `if __name__ == "__main__":`, which the new
+        process runs again when it re-imports the module. Not reported when the process is forked
+        (`get_context("fork")`, `set_start_method("fork")`, or `start_processes(..., start_method="fork")`),
+        since a forked child inherits the parent's generators; threads share them too. A process whose
+        function seeds nothing while the parent seeds nothing either is reported by TR101.
+        """
+    why = """
+        The spawn and forkserver start methods run the function in a fresh interpreter: its generators are
+        seeded from the operating system, not from the parent's seed. `mp.spawn` always spawns; plain
+        `multiprocessing` spawns by default on macOS and Windows and uses forkserver on Linux from Python
+        3.14. The parent's `torch.manual_seed` covers only the parent, so each worker builds its model and
+        draws its data order and augmentations from a different random state in every run, although the
+        program looks seeded.
+        """
+    example = """
+        def main_worker(rank, args):
+            model = resnet50()                          # TR106: the seed in main() does not reach this process
+        def main():
+            torch.manual_seed(args.seed)
+            mp.spawn(main_worker, nprocs=4, args=(args,))
+        """
+    instead = """
+        def main_worker(rank, args):
+            torchrepro.seed_everything(args.seed)       # in the process itself (add the rank where ranks differ)
+            model = resnet50()
+        """
+    help = "seed at the start of the function the new process runs (e.g. torchrepro.seed_everything(seed) there)"
+
+    def check(self, ctx: Context) -> Iterator[Finding]:
+        seen: set[tuple[int, str]] = set()
+        for events, spawn in _processes(ctx):
+            if spawn is None:
                 continue
-            model = ctx.summary.first("model")
-            if model is not None and model.chain == draw.chain:
-                what = f"the model is built here ({_describe(ctx.module, model)}), so its initial weights are drawn"
-            else:
-                what = f"{K.LIB_LABEL[lib]} draws random numbers here ({_describe(ctx.module, draw)})"
-            yield Finding(draw.site_in(ctx.module),
-                          f"{what} before {K.LIB_LABEL[lib]} is seeded ({_seed_site(ctx, seed)}); the seed does not "
-                          "cover them")
+            for lib in K.LIBS:
+                draw, seed = events.first(DRAW, lib), events.first(SEED, lib)
+                if draw is None or lib not in spawn.seeded or (
+                        seed is not None and events.position(seed) < events.position(draw)):
+                    continue
+                node = draw.site_in(ctx.module)
+                if (id(node), lib) in seen:
+                    continue
+                seen.add((id(node), lib))
+                yield Finding(node, f"{K.LIB_LABEL[lib]} draws random numbers here ({_describe(ctx.module, draw)})"
+                                    f"{_in_process(ctx, spawn)}{_METHOD_NOTE.get(spawn.method, '')}: "
+                                    f"{_parent_seed(ctx, spawn, lib)} does not reach that process, whose generators "
+                                    "start from a random state")
+
+
+def _parent_seed(ctx: Context, spawn: Spawn, lib: str) -> str:
+    """``the seed set before it (torch.manual_seed, line 12)``."""
+    event = ctx.summary.own.first(SEED, lib)
+    return "the seed set before it" + (f" ({_seed_site(ctx, event)})" if event is not None else "")
 
 
 def _generator_left_unseeded(module: Module, call: ast.Call) -> bool:
@@ -232,17 +346,28 @@ class NondeterministicSeed(Rule):
     code = "TR105"
     name = "nondeterministic-seed"
     family = "seeding"
-    summary = "A seed comes from the clock, the OS, a uuid or `hash()` of a string — or no seed is given at all."
+    summary = ("A seed comes from the clock, the OS, a uuid, `hash()` of a string or an unseeded generator — or "
+               "no seed is given at all.")
     what = """
         A seeding call (`random.seed`, `np.random.seed`, `torch.manual_seed`, `seed_everything`, `set_seed`,
         `Generator.manual_seed`, `default_rng`, ...) whose seed is computed from `time.time()`,
-        `datetime.now()`, `os.urandom`, `os.getpid()`, `uuid`, `secrets`, `id()` or `hash()` of a string
-        (directly or through a local variable); and calls that seed from the OS: `random.seed()`,
-        `np.random.seed()` and `np.random.seed(None)`, `torch.seed()`, `Generator.seed()`.
+        `datetime.now()`, `os.urandom`, `os.getpid()`, `uuid`, `secrets`, `id()`, `hash()` of a string, or a
+        draw from a global generator that is not seeded before it (`seed = random.randint(1, 10000)`;
+        `random.seed(args.seed)` first makes a derived seed fine) — directly or through a local variable or
+        attribute; and calls that seed from the OS: `random.seed()`, `np.random.seed()` and
+        `np.random.seed(None)`, `torch.seed()`, `Generator.seed()`. A seed that varies only when none is given
+        (`args.seed or int(time.time())`, `if args.seed is None: args.seed = random.randint(...)`) is reported
+        too, unless the option (`add_argument("--seed", type=int, default=1)`) or the parameter (`seed=0`) has
+        a fixed default, so that the random choice never runs unless asked for; when the chosen value is
+        printed or logged afterwards (in the same function, or the whole options object), the message says so.
+        One finding per varying value, at the first seeding call that uses it.
         """
     why = """
         The code looks seeded, but the seed differs in every run. `hash()` of a `str` is randomised per
-        process unless `PYTHONHASHSEED` is set before Python starts.
+        process unless `PYTHONHASHSEED` is set before Python starts. A seed drawn at random and never logged
+        is lost with the run: that run can never be repeated. One that is printed still makes the program's
+        default command give a different run every time: repeating one means reading the log and passing the
+        value back by hand.
         """
     example = """
         seed = int(time.time())
@@ -261,6 +386,7 @@ class NondeterministicSeed(Rule):
                                       or q in K.RNG_CONSTRUCTORS],
                                      methods=[m for m in by_attr if "seed" in m.lower()],
                                      bare=[n for n in by_name if "seed" in n.lower()])
+        seen: set[int] = set()  # the varying values reported (one finding for a seed given to several calls)
         for call, scope in candidates:
             qual = module.qual(call.func)
             func = call.func
@@ -288,11 +414,9 @@ class NondeterministicSeed(Rule):
                 continue
             elif attr in ("manual_seed", "seed_everything") or is_assumed_seeder(qual or dotted(func) or ""):
                 seed_expr = argument(call, 0, ("seed",))
-            if seed_expr is None:
-                continue
-            source = _entropy_source(module, scope, seed_expr, 0)
-            if source:
-                yield Finding(call, f"the seed comes from {source}, so it differs in every run")
+            finding = _judge_seed(ctx, scope, call, seed_expr, seen) if seed_expr is not None else None
+            if finding is not None:
+                yield finding
 
 
 def _is_torch_generator(module: Module, scope: Scope, expr: ast.AST) -> bool:
@@ -303,34 +427,235 @@ def _is_torch_generator(module: Module, scope: Scope, expr: ast.AST) -> bool:
     return False
 
 
-def _entropy_source(module: Module, scope: Scope, expr: ast.AST, depth: int) -> str:
-    """What makes ``expr`` differ from run to run, when it always does ("" if not, or only in a fallback:
-    ``seed or int(time.time())``, a name also assigned a fixed value, a function parameter)."""
+@dataclass(frozen=True)
+class _Source:
+    """What makes a seed differ from run to run (the call that varies, described), and whether always or only
+    when no seed is given."""
+
+    what: str
+    always: bool
+    node: ast.AST
+
+
+_FALLBACK_HELP = ("give the seed option a fixed default (add_argument(\"--seed\", type=int, default=0)), so that the "
+                  "default run is repeatable")
+
+
+def _judge_seed(ctx: Context, scope: Scope, call: ast.Call, seed_expr: ast.expr, seen: set[int]) -> Finding | None:
+    """A finding when the seed passed to ``call`` varies: always, or when no seed is given (unless an option's
+    fixed default means the random choice never runs); once per varying value."""
+    source = _source(ctx, scope, seed_expr, 0)
+    if source is None or id(source.node) in seen:
+        return None
+    module = ctx.module
+    if not source.always and _fixed_default(module, scope, seed_expr):
+        return None
+    seen.add(id(source.node))
+    logged = _logged(module, scope, seed_expr, source.node)
+    if source.always:
+        note = "" if logged is None else (f" (it is {_logs(logged)} on line {logged.lineno}: a run can be repeated "
+                                          "only by putting that value back by hand)")
+        return Finding(call, f"the seed comes from {source.what}, so it differs in every run{note}")
+    if logged is None:
+        return Finding(call, f"when no seed is given, the seed comes from {source.what} and is not logged, so such a "
+                             "run can never be repeated", _FALLBACK_HELP)
+    option = _option_name(module, scope, seed_expr)
+    return Finding(call, f"when no seed is given, the seed comes from {source.what}, so two runs of the same command "
+                         f"differ; it is {_logs(logged)} on line {logged.lineno}, so a run can be repeated only by "
+                         f"passing that value back by hand{f' ({option})' if option else ''}", _FALLBACK_HELP)
+
+
+def _logs(call: ast.Call) -> str:
+    """``printed`` or ``logged``: what a log call does with the seed."""
+    func = call.func
+    last = func.attr if func.__class__ is ast.Attribute else func.id if func.__class__ is ast.Name else ""
+    return "printed" if last in ("print", "pprint") else "logged"
+
+
+def _source(ctx: Context, scope: Scope, expr: ast.AST, depth: int) -> _Source | None:
+    """What makes ``expr`` differ from run to run (None if nothing does). A varying value only in a fallback
+    (``seed or int(time.time())``, a name also assigned a fixed value, a parameter) is not ``always``."""
     cls = expr.__class__
     if cls is ast.Call:
-        qual = module.qual(expr.func)
-        source = K.NONDETERMINISTIC_SOURCES.get(qual or "")
-        if source:
-            return source
-        if module.is_builtin(expr.func, "id"):
-            return K.NONDETERMINISTIC_SOURCES["id"]
-        if module.is_builtin(expr.func, "hash") and expr.args and _stringy(expr.args[0]):
-            return "hash() of a str, which is randomised per process unless PYTHONHASHSEED is set"
+        what = _call_source(ctx, scope, expr)
+        if what:
+            return _Source(what, True, expr)
     if cls is ast.BoolOp or cls is ast.IfExp:
         branches = expr.values if cls is ast.BoolOp else [expr.body, expr.orelse]
-        sources = [_entropy_source(module, scope, b, depth) for b in branches]
-        return sources[0] if all(sources) else ""
+        return _combine([_source(ctx, scope, b, depth) for b in branches])
     if cls is ast.Name:
         values = scope.values_of(expr.id)
-        if depth >= 3 or not values or _is_parameter(scope, expr.id):
-            return ""
-        sources = [_entropy_source(module, scope, v, depth + 1) for v in values]
-        return sources[0] if all(sources) else ""
+        if depth >= 3 or not values:
+            return None
+        sources = [_source(ctx, scope, v, depth + 1) for v in values]
+        return _combine(sources + [None] if _is_parameter(scope, expr.id) else sources)
+    if cls is ast.Attribute:
+        found = _attribute_source(ctx, scope, expr, depth)
+        if found is not None:
+            return found
     for child in ast.iter_child_nodes(expr):  # arithmetic or conversion of a varying value varies too
-        source = _entropy_source(module, scope, child, depth)
-        if source:
-            return source
+        found = _source(ctx, scope, child, depth)
+        if found is not None:
+            return found
+    return None
+
+
+def _combine(sources: list[_Source | None]) -> _Source | None:
+    varying = [s for s in sources if s is not None]
+    if not varying:
+        return None
+    return _Source(varying[0].what, len(varying) == len(sources) and all(s.always for s in varying), varying[0].node)
+
+
+def _call_source(ctx: Context, scope: Scope, call: ast.Call) -> str:
+    module = ctx.module
+    qual = module.qual(call.func)
+    source = K.NONDETERMINISTIC_SOURCES.get(qual or "")
+    if source:
+        return source
+    if module.is_builtin(call.func, "id"):
+        return K.NONDETERMINISTIC_SOURCES["id"]
+    if module.is_builtin(call.func, "hash") and call.args and _stringy(call.args[0]):
+        return "hash() of a str, which is randomised per process unless PYTHONHASHSEED is set"
+    lib, detail = draw_of(qual, call) if qual else (None, "")
+    if lib is not None and not _seeded_before(ctx, scope, call, lib):
+        return f"{detail} (before {K.LIB_LABEL[lib]} is seeded)"
     return ""
+
+
+def _attribute_source(ctx: Context, scope: Scope, expr: ast.Attribute, depth: int) -> _Source | None:
+    """``opt.seed`` assigned a varying value in the same scope: always, unless the assignment is guarded by
+    an ``if`` on ``opt.seed`` (``if opt.seed is None: opt.seed = random.randint(...)``)."""
+    name = dotted(expr)
+    if name is None or depth >= 3:
+        return None
+    module = ctx.module
+    for store, store_scope in reversed(module.stores):
+        if store_scope is not scope or store.__class__ is not ast.Assign:
+            continue
+        if any(dotted(t) == name for t in store.targets):
+            found = _source(ctx, scope, store.value, depth + 1)
+            if found is not None:
+                return _Source(found.what, not _guarded_by(module, store, name), found.node)
+    return None
+
+
+def _guarded_by(module: Module, node: ast.AST, name: str) -> bool:
+    """Whether ``node`` lies in an ``if`` whose test mentions ``name`` (a dotted name)."""
+    parent = module.enclosing(node, (ast.If,))
+    while parent is not None:
+        if any(dotted(n) == name for n in ast.walk(parent.test) if n.__class__ is ast.Attribute):
+            return True
+        parent = module.enclosing(parent, (ast.If,))
+    return False
+
+
+def _seeded_before(ctx: Context, scope: Scope, call: ast.Call, lib: str) -> bool:
+    """Whether ``lib`` is seeded before ``call`` draws: earlier in the same scope, or first seeded outside this
+    scope by the program (or a program importing this module), presumably before the scope runs."""
+    items = scope.items
+    index = next((i for i, item in enumerate(items) if item is call), len(items))
+    if any(item.__class__ is ast.Call and _seeds(ctx, scope, item, lib) for item in items[:index]):
+        return True
+    if scope is ctx.module.top:
+        return False
+    for program in [ctx.module] if ctx.is_program else ctx.importing_programs():
+        first = ctx.walker.program(program).own.first(SEED, lib)
+        if first is not None and not any(node is item for _mod, node in first.chain for item in items):
+            return True
+    return False
+
+
+def _seeds(ctx: Context, scope: Scope, call: ast.Call, lib: str) -> bool:
+    """Whether ``call`` seeds ``lib``: a seeding API, a helper that seeds it, or one whose name says it seeds."""
+    module = ctx.module
+    qual = module.qual(call.func)
+    if any(kind == SEED and found == lib for kind, found, _d in classify_call(module, scope, call, qual)):
+        return True
+    targets = list(ctx.walker.call_targets(module, scope, call))
+    if not targets:
+        return qual not in K.SEEDERS and is_assumed_seeder(qual or dotted(call.func) or "")
+    return any(isinstance(t, Scope) and ctx.walker.summary(t).own.has(SEED, lib) for t in targets)
+
+
+def _logged(module: Module, scope: Scope, expr: ast.AST, chosen: ast.AST) -> ast.Call | None:
+    """A call that prints or logs the seed held in ``expr`` (a name or attribute) after it is ``chosen``: in
+    ``scope``, or anywhere for one that logs the whole object holding it (``print(args)``,
+    ``wandb.init(config=args)``; in ``scope`` only after the choice, since an earlier one logs no seed yet)."""
+    wanted = dotted(expr)
+    if wanted is None:
+        return None
+    holder = wanted.partition(".")[0] if "." in wanted else None
+    after = (getattr(chosen, "lineno", 0), getattr(chosen, "col_offset", 0))
+    for call, call_scope in module.calls:
+        if not _is_log_call(module, call) or (call_scope is scope and (call.lineno, call.col_offset) < after):
+            continue
+        for arg in (*call.args, *(kw.value for kw in call.keywords)):
+            for node in ast.walk(arg):
+                if call_scope is scope and dotted(node) == wanted:
+                    return call
+                if (node.__class__ is ast.Name and node.id == holder
+                        and module.parents.get(node).__class__ is not ast.Attribute):
+                    return call
+    return None
+
+
+def _is_log_call(module: Module, call: ast.Call) -> bool:
+    func = call.func
+    last = func.attr if func.__class__ is ast.Attribute else func.id if func.__class__ is ast.Name else ""
+    return last in K.LOG_CALL_NAMES or module.qual(func) in K.LOG_CALLS
+
+
+def _options(module: Module, scope: Scope) -> Iterator[tuple[str, str, ast.Call]]:
+    """(destination, flag as written, call) of each ``add_argument("--seed", ...)`` of ``scope`` if it declares
+    options, else of the module."""
+    calls = module.calls_to(methods=("add_argument",))
+    mine = [(call, sc) for call, sc in calls if sc is scope]
+    for call, _scope in mine or calls:
+        dest = argument(call, None, ("dest",))
+        flags = [constant(a) for a in call.args if isinstance(constant(a), str)]
+        flag = next((f for f in flags if f.startswith("--")), flags[0] if flags else "")
+        option = constant(dest) if dest is not None else flag
+        if isinstance(option, str) and option:
+            yield option.lstrip("-").replace("-", "_"), flag, call
+
+
+def _seed_names(scope: Scope, expr: ast.AST) -> set[str]:
+    """The names the seed in ``expr`` is read from (through a local name's values)."""
+    exprs = [expr, *(scope.values_of(expr.id) if expr.__class__ is ast.Name else ())]
+    return {name for e in exprs for name in names_in(e)}
+
+
+def _fixed_default(module: Module, scope: Scope, expr: ast.AST) -> bool:
+    """Whether the seed is an option (``args.seed``, through a local name) declared with a fixed default
+    (``add_argument("--seed", default=42)``), or a parameter with one (``def main(seed=0)``): the fallback
+    then runs only when it is asked for."""
+    names = _seed_names(scope, expr)
+    for dest, _flag, call in _options(module, scope):
+        default = argument(call, None, ("default",))
+        if dest in names and default is not None and constant(default, None) is not None:
+            return True
+    exprs = [expr, *(scope.values_of(expr.id) if expr.__class__ is ast.Name else ())]
+    bare = {n.id for e in exprs for n in ast.walk(e) if n.__class__ is ast.Name}
+    return any(constant(default, None) is not None for name, default in _parameter_defaults(scope) if name in bare)
+
+
+def _parameter_defaults(scope: Scope) -> Iterator[tuple[str, ast.expr]]:
+    """(parameter, default) of the function that ``scope`` is, or lies in."""
+    while scope is not None and not isinstance(scope.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        scope = scope.parent
+    if scope is None:
+        return
+    args = scope.node.args
+    positional = [*args.posonlyargs, *args.args]
+    yield from zip((a.arg for a in positional[len(positional) - len(args.defaults):]), args.defaults)
+    yield from ((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
+
+
+def _option_name(module: Module, scope: Scope, expr: ast.AST) -> str:
+    """The command-line flag the seed comes from (``--manualSeed``), or ""."""
+    names = _seed_names(scope, expr)
+    return next((flag for dest, flag, _call in _options(module, scope) if dest in names and flag.startswith("-")), "")
 
 
 def _is_parameter(scope: Scope | None, name: str) -> bool:
@@ -358,4 +683,5 @@ def _stringy(expr: ast.AST) -> bool:
     return False
 
 
-RULES = (UnseededRng, PartialSeeding, SeedAfterDraw, UnseededGenerator, NondeterministicSeed)
+RULES = (UnseededRng, PartialSeeding, SeedAfterDraw, UnseededGenerator, NondeterministicSeed,
+         SeedDoesNotReachSpawnedProcess)

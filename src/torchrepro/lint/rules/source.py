@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..reading import MAX_SOURCE_BYTES
 from ..rule import Rule
 
 
@@ -9,10 +10,10 @@ class SyntaxErrorRule(Rule):
     code = "TR001"
     name = "syntax-error"
     family = "source"
-    summary = "A file that cannot be parsed (syntax error, or unreadable) is reported, and the run goes on."
+    summary = "A file that cannot be parsed (a syntax error) is reported, and the run goes on."
     what = """
-        A Python file with a syntax error (for the Python version running the linter), one that cannot be
-        read, or one too large or too deeply nested to parse.
+        A Python file with a syntax error (for the Python version running the linter), or one too deeply
+        nested to parse. (A file that cannot be read at all is TR004.)
         """
     why = """
         Nothing in the file can be checked, so its pitfalls stay hidden; and a file Python cannot parse will
@@ -68,4 +69,32 @@ class NullBytes(Rule):
     help = "re-save the file as UTF-8 text (or exclude it)"
 
 
-RULES = (SyntaxErrorRule, NotUtf8, NullBytes)
+class UnreadableFile(Rule):
+    code = "TR004"
+    name = "unreadable-file"
+    family = "source"
+    summary = "A file or directory that is not read: not a regular file, too large, or not permitted."
+    what = f"""
+        A `*.py` path (found by the directory search or named on the command line) that is not a regular file —
+        a FIFO, a device, a socket, or a symbolic link to one — or is over {MAX_SOURCE_BYTES:,} bytes, or cannot
+        be opened or read (permission denied); also a directory that cannot be listed. Symbolic links to regular
+        files are linted; dangling ones (such as editors' lock files, `.#name.py`) are skipped.
+        """
+    why = """
+        The linter never opens what is not a regular file (a FIFO would block it, a device such as /dev/zero
+        would never end) and measures a file before reading it, so none of them is checked; the finding says
+        so instead of passing in silence.
+        """
+    example = """
+        $ mkfifo x.py && torchrepro lint .
+        x.py:1:1: TR004 it is a FIFO (named pipe), not a regular file; it was not read
+        """
+    instead = """
+        [tool.torchrepro.lint]
+        extend-exclude = ["x.py"]          # or remove it; or `chmod +r` a file you cannot read
+        """
+    help = (f"lint only regular files of at most {MAX_SOURCE_BYTES:,} bytes that you can read: exclude this path "
+            "(extend-exclude), or fix its permissions")
+
+
+RULES = (SyntaxErrorRule, NotUtf8, NullBytes, UnreadableFile)

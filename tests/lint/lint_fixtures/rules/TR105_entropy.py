@@ -27,9 +27,10 @@ def main(args):
     torch.manual_seed(hash((3, 4)))  # ok: hash of ints is the same in every run
     torch.manual_seed(args.seed)  # ok
     np.random.seed(torch.initial_seed() % 2**32)  # ok
-    torch.manual_seed(args.seed or int(time.time()))  # ok: the clock only when no seed is given
+    torch.manual_seed(args.seed or int(time.time()))  # expect: TR105 (the clock when no seed is given, not logged)
     fallback = args.seed if args.seed is not None else int(time.time())
-    random.seed(fallback)  # ok: likewise
+    print("seed:", fallback)
+    random.seed(fallback)  # expect: TR105 (the clock when no seed is given; logged, repeatable only by hand)
     return rng, g
 
 
@@ -37,4 +38,4 @@ def seed_all(seed=None):
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
         print(f"no seed given, using {seed}")
-    torch.manual_seed(seed)  # ok: a logged fallback for a missing seed
+    torch.manual_seed(seed)  # expect: TR105 (a logged fallback: seed_all() repeats only by hand)

@@ -22,10 +22,10 @@ class Model(nn.Module):
         out = torch.zeros(10, 8)
         out.index_add_(0, idx, src)  # expect: TR203
         out.scatter_add_(0, idx.unsqueeze(1).expand(-1, 8), src)  # expect: TR203
-        out.index_put_((idx,), src, accumulate=True)  # expect: TR203
-        out.index_put_((idx,), src)  # ok: accumulate=False
+        out.index_put_((idx,), src, accumulate=True)  # expect: TR203 (on CPU; on CUDA this one is deterministic)
+        out.index_put_((idx,), src)  # expect: TR203 (accumulate=False: which write wins among duplicate indices)
         out.view(-1).put_(idx, src.view(-1)[: idx.numel()])  # expect: TR203
-        y = F.interpolate(x, scale_factor=2, mode="bicubic")  # expect: TR203
+        y = F.interpolate(x, scale_factor=2, mode="bicubic")  # grouped into line 16
         y = F.interpolate(y, scale_factor=2)  # ok: nearest
         y = F.interpolate(y, scale_factor=2, mode=self.mode)  # ok: not a literal
         z = F.grid_sample(x, grid)  # expect: TR203

@@ -25,6 +25,13 @@ def all_files(root):
     return out
 
 
+def all_files_added(root):
+    out = []
+    for dirpath, _dirnames, filenames in os.walk(root):  # expect: TR304
+        out += [os.path.join(dirpath, name) for name in filenames]
+    return out
+
+
 def all_files_sorted(root):
     out = []
     for dirpath, _dirnames, filenames in os.walk(root):  # ok: sorted after the loop

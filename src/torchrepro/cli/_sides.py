@@ -1,0 +1,81 @@
+"""The two things ``compare`` (and ``bisect``) compare: command lines, parsed and run once each, recorded, or run
+directories recorded earlier."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._core.errors import ScriptError
+from ..record.launcher import CommandError, LaunchOptions, parse_python_command
+from ..record.store import MANIFEST
+from ._checkrun import execute_runs
+
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass
+class Side:
+    """One of the two things compared: a command line (words, its own environment variables) or a run directory."""
+
+    label: str  # "A" or "B"
+    text: str  # as given
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    recorded: Path | None = None  # a run directory given instead of a command
+    cwd: str | None = None  # where the command runs (bisect: in a worktree); None: here
+
+    @property
+    def shown(self) -> str:
+        return str(self.recorded) if self.recorded is not None else self.text.strip()
+
+
+def parse_side(label: str, text: str) -> Side:
+    """``'OMP_NUM_THREADS=1 python train.py --lr 0.1'`` as words and variables, checked before anything runs.
+
+    >>> s = parse_side("A", "OMP_NUM_THREADS=1 python t.py --x 'a b'")  # doctest: +SKIP
+    >>> s.env, s.argv                                                    # doctest: +SKIP
+    ({'OMP_NUM_THREADS': '1'}, ['python', 't.py', '--x', 'a b'])
+    """
+    path = Path(text)
+    if path.is_dir() and (path / MANIFEST).exists():
+        return Side(label, text, recorded=path)
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise CommandError(f"command {label} {text!r} cannot be split into words ({exc}); quote it as a shell would, "
+                           "e.g. 'python train.py --name \"a b\"'.") from None
+    env = {}
+    while words and _ASSIGNMENT.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if not words:
+        raise CommandError(f"command {label} {text!r} holds no command; expected a quoted command line such as "
+                           "'python train.py --lr 0.1' (or a run directory recorded by `torchrepro run --record`).")
+    parse_python_command(words)  # a bad command is refused before any directory is made
+    return Side(label, text, words, env)
+
+
+def side_error(side: Side, exc: ScriptError) -> ScriptError:
+    """A failed run named by its command (``command B (`python t.py --x`): run 1 of 1 failed ...``)."""
+    new = ScriptError(f"command {side.label} (`{side.shown}`): {exc}".replace("the runs cannot be compared",
+                                                                            "the commands cannot be compared"))
+    new.stderr_path = getattr(exc, "stderr_path", None)  # type: ignore[attr-defined]
+    return new
+
+
+def record_side(side: Side, where: Path, opts: LaunchOptions, *, quiet: bool = False) -> Path:
+    """Run ``side``'s command once, recorded into ``where/run1``; a run directory is used as it is."""
+    if side.recorded is not None:
+        return side.recorded
+    if not quiet:
+        print(f"torchrepro: command {side.label}: `{side.shown}`", file=sys.stderr, flush=True)
+    opts = dataclasses.replace(opts, extra_env={**opts.extra_env, **side.env}, cwd=side.cwd or opts.cwd)
+    try:
+        return execute_runs(side.argv, where, 1, opts)[0]
+    except ScriptError as exc:
+        raise side_error(side, exc) from None

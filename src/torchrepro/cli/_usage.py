@@ -1,0 +1,48 @@
+"""Usage lines made from a subcommand's own argparse options, so that they cannot leave an option out.
+
+argparse's own usage line for a command that ends in ``-- python train.py [ARGS]`` (``argparse.REMAINDER``) is
+hard to read; this one lists every option as ``[--flag METAVAR]`` in definition order, then the command's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+COMMAND_TAIL = "-- python train.py [ARGS]"
+
+
+def option_usage(action: argparse.Action) -> str:
+    """``[--flag]`` or ``[--flag METAVAR]`` (the first option string, as argparse shows it)."""
+    flag = action.option_strings[0]
+    if action.nargs == 0:
+        return f"[{flag}]"
+    if action.metavar is not None:
+        metavar = action.metavar if isinstance(action.metavar, str) else " ".join(action.metavar)
+    elif action.choices is not None:
+        metavar = "{" + ",".join(map(str, action.choices)) + "}"
+    else:
+        metavar = action.dest.upper()
+    return f"[{flag} {metavar}]"
+
+
+def usage_line(parser: argparse.ArgumentParser, prog: str, tail: str, *, leave_out: tuple[str, ...] = ()) -> str:
+    """``prog [--a A] [--b] ... tail``, wrapped at 110 columns; options whose first string is in ``leave_out``
+    are left for ``tail`` to show (e.g. alternatives)."""
+    options = [option_usage(a) for a in parser._actions
+               if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+               and a.option_strings[0] not in leave_out]
+    indent = " " * (len("usage: ") + len(prog) + 1)
+    unbroken = [o.replace(" ", _KEEP) for o in options]  # never "[--flag" on one line and "METAVAR]" on the next
+    words = [prog, *unbroken, tail.replace(COMMAND_TAIL, COMMAND_TAIL.replace(" ", _KEEP))]
+    text = textwrap.fill(" ".join(words), width=110 - len("usage: "), subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False)
+    return text.replace(_KEEP, " ")
+
+
+_KEEP = "\xa0"  # a space that textwrap does not break at (it splits on ASCII whitespace only)
+
+
+def set_usage(parser: argparse.ArgumentParser, prog: str, tail: str, *, leave_out: tuple[str, ...] = ()) -> None:
+    """Give ``parser`` the usage line of :func:`usage_line` (call it after the last ``add_argument``)."""
+    parser.usage = usage_line(parser, prog, tail, leave_out=leave_out)

@@ -1,0 +1,315 @@
+"""``torchrepro bisect --good REV --bad REV -- python train.py``: the first commit whose run differs from good's.
+
+From inside a git repository: the command runs once at ``good`` (recorded), once at ``bad``, then at the commits
+between them chosen by binary search (:mod:`torchrepro.analysis.bisect`), each in a temporary worktree of its own
+(:mod:`torchrepro.record.gitrepo`: the user's working tree, index, HEAD and stash are never touched, and the
+worktrees are removed on exit, errors, Ctrl-C, SIGTERM and SIGHUP). Each run is compared with good's recording
+(bitwise, or within ``--rtol``/``--atol``); a commit where the command fails is skipped. The first bad commit is
+then compared with its parent as ``compare --locate`` does, and the op's source line is looked up in its diff.
+
+Exit codes: 0 found, 1 no commit differs, 2 error (not a repository, unknown revision, good == bad, good's or
+bad's run fails).
+
+Example::
+
+    torchrepro bisect --good v1.2 --bad HEAD --max-steps 5 -- python train.py --lr 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._core.errors import Interrupted, RunsNotComparableError, ScriptError
+from ..record.gitrepo import Commit, GitError, Repo, Worktrees
+from ..record.launcher import FORWARDED, CommandError, LaunchOptions, is_interpreter, parse_python_command
+from ..record.outdir import lock_dir
+from ..record.store import Run, load_run
+from ._checkrun import WriteErrors, output_dir, print_verdict, saved
+from ._sides import Side, record_side
+from ._usage import COMMAND_TAIL, set_usage
+from .compare_cmd import add_run_options, add_tolerance_options, launch_options, tolerance
+from .run_cmd import positive_int
+
+SCHEMA = "torchrepro.bisect/1"
+EXIT = {"found": 0, "ambiguous": 0, "none-differs": 1}
+VERDICT_OF = {"identical": "good", "equivalent": "good", "diverged": "bad"}  # compare's verdict -> bisect's
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bisect", help="find the first commit whose run differs from a good commit's (git worktrees; "
+                                      "your checkout is never touched)")
+    p.add_argument("--good", required=True, metavar="REV", help="a commit whose run is the reference")
+    p.add_argument("--bad", default="HEAD", metavar="REV", help="a later commit whose run differs (default HEAD)")
+    add_tolerance_options(p)
+    add_run_options(p)
+    p.add_argument("--no-locate", action="store_true",
+                   help="stop at the first bad commit: do not trace it and its parent to name the op and line")
+    p.add_argument("--locate-steps", type=positive_int, default=1, metavar="N",
+                   help="trace N steps from the first divergent one (default 1)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output directory (default: a new torchrepro-runs/bisect-TIMESTAMP-PID)")
+    p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
+                   help="the training command, run from the same directory of each checkout")
+    set_usage(p, "torchrepro bisect", COMMAND_TAIL)
+    p.set_defaults(handler=run, accepts_command=True)
+
+
+@contextlib.contextmanager
+def signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Interrupted` (as Ctrl-C raises KeyboardInterrupt), so that cleanup runs.
+    While a command runs, the launcher passes them on to it first."""
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}")
+
+    previous = {}
+    try:
+        for sig in FORWARDED:
+            previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """While cleaning up: a second SIGTERM/SIGHUP/Ctrl-C must not cut the removal of the worktrees short."""
+    sigs = (*FORWARDED, signal.SIGINT)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def in_checkout(argv: list[str], repo: Repo, checkout: Path) -> list[str]:
+    """``argv`` with a script inside the repository pointed at the checkout's copy (relative paths are read from
+    the current directory, as the shell would)."""
+    words = list(argv)
+    i = 0
+    if words and is_interpreter(words[0]):
+        i = 1
+        while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c"):
+            i += 1
+    if i < len(words) and words[i] not in ("-m", "-c") and words[i].endswith(".py"):
+        rel = repo.relative(Path(words[i]).absolute())
+        if rel is not None:
+            words[i] = str(checkout / rel)
+    return words
+
+
+def skip_reason(message: str) -> str:
+    """``failed with exit code 1: ModuleNotFoundError: No module named 'x'`` from a failed run's error."""
+    m = re.search(r"run 1 of 1 ([^;]*);", message)
+    what = m.group(1) if m else message.splitlines()[0]
+    tail = [line.strip() for line in message.splitlines()[1:] if line.strip()]
+    return f"{what}: {tail[-1][:160]}" if m and tail and not tail[-1].startswith("(") else what[:200]
+
+
+@dataclass
+class Tested:
+    """One commit's run and what it says."""
+
+    index: int
+    commit: Commit
+    verdict: str | None = None  # good | bad | skip
+    run: Path | None = None
+    compare: dict[str, Any] | None = None  # verdict, first_divergent_step, first_out_of_tolerance
+    reason: str | None = None  # why skipped (or why not comparable)
+    error: str | None = None  # a skipped run's whole error (the reason is its first line, shortened)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, **self.commit.to_json(), "verdict": self.verdict,
+                "run": str(self.run) if self.run else None, "compare": self.compare, "reason": self.reason}
+
+
+@dataclass
+class Bisection:
+    """Runs the command at commits of ``chain`` (good first) in worktrees and compares each with good."""
+
+    repo: Repo
+    trees: Worktrees
+    chain: list[Commit]
+    argv: list[str]
+    out: Path
+    opts: LaunchOptions
+    tol: Any
+    tested: dict[int, Tested] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # indices in the order they were run
+    runs: dict[int, Run] = field(default_factory=dict)
+
+    def side(self, index: int, checkout: Path, label: str) -> Side:
+        """The command as it runs in ``checkout`` (from the same directory there, its code first on sys.path)."""
+        rel = self.repo.relative(Path.cwd()) or Path()
+        roots = [str(checkout)] + ([str(checkout / "src")] if (checkout / "src").is_dir() else [])
+        path = os.pathsep.join(roots + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        return Side(label, " ".join(self.argv), in_checkout(self.argv, self.repo, checkout), {"PYTHONPATH": path},
+                    cwd=str(checkout / rel))
+
+    def record(self, index: int) -> Tested:
+        """Run the command at ``chain[index]`` (once: recordings are reused)."""
+        if index in self.tested:
+            return self.tested[index]
+        commit = self.chain[index]
+        entry = self.tested[index] = Tested(index, commit)
+        self.order.append(index)
+        print(f"torchrepro: bisect: running at {commit.short} {commit.subject[:60]!r}", file=sys.stderr, flush=True)
+        checkout = self.trees.add(commit.sha)
+        try:
+            side = self.side(index, checkout, commit.short)
+            parse_python_command(side.argv)
+            entry.run = record_side(side, self.out / f"c-{commit.short}", self.opts, quiet=True)
+            self.runs[index] = load_run(entry.run)
+        except (ScriptError, CommandError) as exc:
+            entry.verdict, entry.reason, entry.error = "skip", skip_reason(str(exc)), str(exc)
+        finally:
+            self.trees.remove(checkout)
+        return entry
+
+    def test(self, index: int) -> Tested:
+        """Run at ``chain[index]`` and compare with good: good, bad or skip."""
+        from ..analysis.crossrun import compare_commands
+
+        entry = self.record(index)
+        if entry.verdict == "skip" or index == 0:
+            entry.verdict = entry.verdict or "good"
+            return entry
+        try:
+            result = compare_commands(self.runs[0], self.runs[index], self.tol)
+        except RunsNotComparableError as exc:
+            entry.verdict, entry.reason = "bad", f"not comparable with good: {exc}"
+            return entry
+        entry.verdict = VERDICT_OF[result.verdict]
+        first = result.first_out
+        entry.compare = {"verdict": result.verdict, "first_divergent_step": result.check.first_step,
+                         "first_out_of_tolerance": first.to_json() if first is not None else None}
+        print(f"torchrepro: bisect: {self.chain[index].short} is {entry.verdict} ({result.verdict}"
+              + (f" from step {result.check.first_step}" if result.check.first_step is not None else "") + ")",
+              file=sys.stderr, flush=True)
+        return entry
+
+
+def _checked_revisions(repo: Repo, good_rev: str, bad_rev: str) -> tuple[Commit, Commit, list[Commit]]:
+    good, bad = repo.commit(good_rev), repo.commit(bad_rev)
+    if good.sha == bad.sha:
+        raise GitError(f"--good {good_rev} and --bad {bad_rev} are the same commit ({good.short}); give a good "
+                       "commit before the bad one.")
+    if not repo.is_ancestor(good.sha, bad.sha):
+        raise GitError(f"--good {good_rev} ({good.short}) is not an ancestor of --bad {bad_rev} ({bad.short}); bisect "
+                       "searches the commits from good to bad, so good must come first in bad's history.")
+    return good, bad, [good, *repo.chain(good, bad)]
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = Repo.find(Path.cwd())
+    good, bad, chain = _checked_revisions(repo, args.good, args.bad)
+    if not args.user_command or not args.user_command[0]:
+        raise CommandError("no command given; usage: torchrepro bisect --good REV --bad REV -- python train.py")
+    out = output_dir(args.out, "bisect")
+    opts, tol = launch_options(args), tolerance(args)
+    print(f"torchrepro: bisect: {len(chain) - 1} commit(s) after good {good.short} up to bad {bad.short}; "
+          f"comparing each run with good's ({tol.describe()})", file=sys.stderr, flush=True)
+    with lock_dir(out), signals_as_interrupts():
+        trees = Worktrees(repo).open()
+        try:
+            return _bisect(Bisection(repo, trees, chain, list(args.user_command), out, opts, tol), args)
+        finally:
+            with signals_ignored():
+                trees.close()
+
+
+def _whole(entry: Tested) -> str:
+    """A skipped run's whole error, ending with a full stop (the reason in the table is shortened)."""
+    text = (entry.error or entry.reason or "it failed").rstrip()
+    return text if text.endswith((".", ")")) else text + "."
+
+
+def _bisect(b: Bisection, args: argparse.Namespace) -> int:
+    from ..analysis.bisect import Search
+
+    n = len(b.chain) - 1
+    if b.test(0).verdict == "skip":
+        raise ScriptError(f"the command fails at good ({b.chain[0].short}): {_whole(b.tested[0])} Give a good "
+                          "commit where it runs.")
+    last = b.test(n)
+    if last.verdict == "skip":
+        raise ScriptError(f"the command fails at bad ({b.chain[n].short}): {_whole(last)} Give a bad commit where "
+                          "it runs (bisect needs its run to differ from good's).")
+    search = Search(n)
+    if last.verdict == "good":
+        return finish(b, "none-differs", search, None, args)
+    while (i := search.next()) is not None:
+        search.record(i, b.test(i).verdict or "skip")
+    verdict = "found" if search.first_bad is not None else "ambiguous"
+    located = None
+    if verdict == "found" and not args.no_locate:
+        located = _locate(b, search.lo, search.hi, args.locate_steps)
+    return finish(b, verdict, search, located, args)
+
+
+def _locate(b: Bisection, parent: int, first_bad: int, steps: int) -> dict[str, Any]:
+    """``compare --locate`` between the first bad commit and its parent, tied to the commit's diff."""
+    from ..analysis.bisect import relocate, tie_to_diff
+    from ..analysis.crossrun import compare_commands
+    from ._comparelocate import locate_sides
+
+    result = compare_commands(b.runs[parent], b.runs[first_bad], b.tol)
+    checkouts = [b.trees.add(b.chain[parent].sha), b.trees.add(b.chain[first_bad].sha)]
+    try:
+        sides = [b.side(i, c, label) for i, c, label in zip((parent, first_bad), checkouts, "AB")]
+        errors: WriteErrors = []
+        doc = locate_sides(sides, [b.runs[parent], b.runs[first_bad]], result, b.out, b.opts, steps, errors)
+    finally:
+        for c in checkouts:
+            b.trees.remove(c)
+    doc = relocate(doc, {"parent": checkouts[0], "commit": checkouts[1]})
+    doc["diff"] = tie_to_diff(doc, b.repo.diff(b.chain[parent].sha, b.chain[first_bad].sha))
+    doc["compared"] = {"verdict": result.verdict, "first_divergent_step": result.check.first_step,
+                       "diverged_first": [d.label for d in result.check.first]}
+    return doc
+
+
+def finish(b: Bisection, verdict: str, search: Any, located: dict[str, Any] | None,
+           args: argparse.Namespace) -> int:
+    from ._bisect_render import render_bisect
+
+    first = search.first_bad if verdict == "found" else None
+    doc = {
+        "schema": SCHEMA, "verdict": verdict, "exit_code": EXIT[verdict], "command": " ".join(b.argv),
+        "good": b.chain[0].to_json(), "bad": b.chain[-1].to_json(), "tolerance": b.tol.to_json(),
+        "commits": len(b.chain) - 1, "recordings": len(b.order),
+        "first_bad_commit": None if first is None else {
+            **b.chain[first].to_json(), "parent": b.chain[first - 1].to_json(), "compare": b.tested[first].compare},
+        "candidates": [b.chain[i].to_json() for i in search.candidates] if verdict == "ambiguous" else [],
+        "tested": [b.tested[i].to_json() for i in b.order],
+        "chain": [{**c.to_json(), "verdict": b.tested[i].verdict if i in b.tested else None}
+                  for i, c in enumerate(b.chain)],
+        "locate": located, "out": str(b.out),
+    }
+    from ._html.reports import bisect_report
+    from ._report import REPORT, write_report
+
+    errors: WriteErrors = []
+    summary = render_bisect(doc)
+    report = write_report(b.out / REPORT, lambda: bisect_report(doc, b.out, summary), errors)
+    doc["report"] = str(report) if report else None
+    saved(b.out / "bisect.json", lambda: _write(b.out / "bisect.json", doc), errors)
+    text = "" if args.json else summary + (f"\nReport: {report}" if report else "")
+    return print_verdict(doc, text, args.json, errors)
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    from .._core.io import atomic_write_json
+
+    atomic_write_json(path, doc)
+

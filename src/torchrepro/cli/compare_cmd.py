@@ -1,0 +1,167 @@
+"""``torchrepro compare 'CMD_A' 'CMD_B'``: run two different commands once each, recorded, and compare them step by
+step: bitwise **identical**, **equivalent** within ``--rtol``/``--atol``, or **diverged** (where, in what, by how
+much); ``--locate`` names the first op that computes differently, on both sides.
+
+Each command line is split as a shell would (``shlex``), like hyperfine's; leading ``NAME=value`` words set
+environment variables for that command only (``'OMP_NUM_THREADS=1 python train.py'``). A recorded run directory
+(``torchrepro run --record DIR --keep-values``) may stand in for a command.
+
+Example::
+
+    torchrepro compare 'python train.py' 'python train.py --compile'
+    torchrepro compare --rtol 1e-4 --locate 'python train.py' 'python train.py --amp'
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._core.io import atomic_write_json
+from ..record.launcher import LaunchOptions
+from ..record.outdir import lock_dir
+from ..record.store import GRAD_VALUES_ENV, load_run
+from ._checkrun import WriteErrors, environment_differences, output_dir, print_verdict, saved
+from ._sides import parse_side, record_side
+from ._usage import set_usage
+from .run_cmd import positive_int, seed_arg, size_arg
+
+if TYPE_CHECKING:
+    from ..analysis.crossrun import CompareResult
+    from ..analysis.tolerance import Tolerance
+
+# compare keeps the gradients and optimizer state of the first steps too (values budget permitting), so that their
+# differences can be measured against the tolerance, not only the parameters'
+COMPARE_GRAD_STEPS = 16
+
+
+PER_DTYPE = "dtype"  # --rtol dtype / --atol dtype: torch.testing.assert_close's default for each dtype
+DEFAULTS_HELP = ("`dtype`: per dtype, as torch.testing.assert_close: float32 1.3e-6 / 1e-5, bfloat16 1.6e-2 / 1e-5, "
+                 "float16 1e-3 / 1e-5, float64 1e-7 / 1e-7 (rtol / atol); the one not given is per dtype")
+
+
+def tolerance_arg(text: str) -> float | str:
+    if text.strip().lower() == PER_DTYPE:
+        return PER_DTYPE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a tolerance (a number >= 0 such as 1e-5, or `dtype` for the "
+                                         f"per-dtype default), got {text!r}")
+    return value
+
+
+def add_tolerance_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rtol", type=tolerance_arg, metavar="R",
+                   help="accept values a, b with |a-b| <= atol + rtol*|b| (default: bitwise, each difference still "
+                        f"measured against the per-dtype defaults); {DEFAULTS_HELP}")
+    p.add_argument("--atol", type=tolerance_arg, metavar="A", help="absolute tolerance (see --rtol)")
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``check`` that apply to each recorded run (shared with ``bisect``)."""
+    p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before each command starts")
+    p.add_argument("--deterministic", action="store_true", help="switch deterministic mode on in each command")
+    p.add_argument("--max-steps", type=positive_int, metavar="K", help="end each command cleanly after K steps")
+    p.add_argument("--values-budget", type=size_arg, metavar="SIZE",
+                   help="disk for value snapshots per run (default 1G): tolerances need values; steps beyond the "
+                        "budget are compared bitwise only, and the verdict says so")
+    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("compare", help="run two different commands and compare them step by step (bitwise or "
+                                       "within a tolerance)")
+    p.add_argument("command_a", metavar="CMD_A", help="the first command line, quoted ('python train.py'; "
+                   "'VAR=value python train.py' sets a variable; a recorded run directory is used as it is)")
+    p.add_argument("command_b", metavar="CMD_B", help="the second command line, quoted")
+    add_tolerance_options(p)
+    add_run_options(p)
+    p.add_argument("--locate", action="store_true",
+                   help="re-run both commands tracing every op of the first divergent step; align the two op "
+                        "streams and name the first op (or program difference) where they part, on both sides")
+    p.add_argument("--locate-steps", type=positive_int, default=1, metavar="N",
+                   help="with --locate: trace N steps from the first divergent one (default 1)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output directory (default: a new torchrepro-runs/compare-TIMESTAMP-PID)")
+    set_usage(p, "torchrepro compare", "'CMD_A' 'CMD_B'")
+    p.set_defaults(handler=run)
+
+
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    """What each recorded run gets: seeding, determinism, steps, and values for the tolerance."""
+    return LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
+                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
+                         extra_env={GRAD_VALUES_ENV: str(COMPARE_GRAD_STEPS)})
+
+
+def tolerance(args: argparse.Namespace) -> Tolerance:
+    """Bitwise unless --rtol or --atol is given; `dtype` (or the one not given) is the per-dtype default."""
+    from ..analysis.tolerance import Tolerance
+
+    def value(v: float | str | None) -> float | None:
+        return None if v is None or v == PER_DTYPE else float(v)
+
+    return Tolerance(rtol=value(args.rtol), atol=value(args.atol), bitwise=args.rtol is None and args.atol is None)
+
+
+def run(args: argparse.Namespace) -> int:
+    sides = [parse_side("A", args.command_a), parse_side("B", args.command_b)]
+    out = output_dir(args.out, "compare")
+    opts = launch_options(args)
+    with lock_dir(out):
+        dirs = [record_side(side, out / side.label.lower(), opts) for side in sides]
+        from ..analysis.crossrun import compare_commands
+
+        runs = [load_run(d) for d in dirs]
+        result = compare_commands(runs[0], runs[1], tolerance(args), commands=[s.shown for s in sides])
+        errors: WriteErrors = []
+        located = None
+        if args.locate:
+            from ._comparelocate import locate_sides
+
+            located = locate_sides(sides, runs, result, out, opts, args.locate_steps, errors)
+        return finish(result, out, runs, as_json=args.json, located=located, errors=errors)
+
+
+# What differs between two commands' launches by construction, not in their environments
+_OWN_KEYS = ("launch.command", "launch.cwd")
+
+
+def environment_between(runs: list[Any]) -> tuple[str | None, dict[str, Any]]:
+    """The environment differences of A and B that are not the command itself: text (None when there are none)
+    and the ``torchrepro.env-diff/1`` document (``{"compared": false, ...}`` without a readable environment)."""
+    found = environment_differences(runs)
+    if found.diff is None:
+        return f"Environment: not compared ({found.problem})", found.to_json("diverged")
+    from ..analysis.envdiff import BENIGN, EnvDiff
+    from ._render import render_env_diff
+
+    found.diff.changes = [c for c in found.diff.changes if c.key not in _OWN_KEYS]
+    found.diff.a, found.diff.b = "A", "B"
+    doc = found.diff.to_json() | {"compared": True}
+    shown = EnvDiff("A", "B", [c for c in found.diff.changes if c.rank != BENIGN])  # the text leaves out benign ones
+    return (render_env_diff(shown) if shown.changes else None), doc
+
+
+def finish(result: CompareResult, out: Path, runs: list[Any], *, as_json: bool,
+           located: dict[str, Any] | None = None, errors: WriteErrors | None = None) -> int:
+    """Write report.html and compare.json, print the summary or the JSON document; return the exit code (0 identical or
+    equivalent, 1 diverged, 2 when an output file could not be written)."""
+    from ._compare_render import render_compare
+    from ._html.reports import compare_report
+    from ._report import REPORT, write_report
+
+    errors = list(errors or [])
+    environment, env_doc = environment_between(runs)
+    doc = result.to_json() | {"out": str(out), "environment_diff": env_doc, "locate": located}
+    report = write_report(out / REPORT, lambda: compare_report(result, doc, runs, out), errors)
+    doc["report"] = str(report) if report else None
+    saved(out / "compare.json", lambda: atomic_write_json(out / "compare.json", doc), errors)
+    text = "" if as_json else render_compare(result, environment=environment, located=located)
+    if report and text:
+        text += f"\nReport: {report}"
+    return print_verdict(doc, text, as_json, errors)

@@ -1,0 +1,307 @@
+"""``torchrepro check --resume-at K``, the side of the recorded script (layer L3): when to checkpoint, stop and
+resume, for Lightning and transformers ``Trainer`` scripts (no code change) and for scripts with their own loop.
+
+``check --resume-at K`` runs the script three times: straight through (phase ``straight``), to step K and a
+checkpoint (phase ``stop``), and in a fresh process that resumes from that checkpoint (phase ``resume``).
+
+Trainers, with no code change (``Trainer.fit``/``Trainer.train`` are wrapped when their module is imported,
+whatever callbacks the trainer already has):
+
+- **Lightning** (``lightning.pytorch`` and ``pytorch_lightning``): in the stop phase a callback calls
+  ``trainer.save_checkpoint(path)`` at the end of the batch whose optimizer step is step K, then ends the script;
+  in the resume phase ``fit(..., ckpt_path=path)`` is called instead of ``fit(...)``.
+- **transformers** ``Trainer``: in the stop phase a callback sets ``control.should_save`` and
+  ``control.should_training_stop`` at step K, so the Trainer writes its own ``output_dir/checkpoint-K``; in the
+  resume phase ``train(resume_from_checkpoint=that directory)`` is called.
+
+Scripts with their own loop read where they are (:func:`resume_point`, or the environment variables):
+
+- stop phase: ``TORCHREPRO_RESUME_AT=K`` and ``TORCHREPRO_CHECKPOINT=PATH``: save the checkpoint to ``PATH``
+  (a file or a directory) after step K; torchrepro ends the script as its next step begins (or it exits itself);
+- resume phase: ``TORCHREPRO_RESUME_FROM=PATH``: load that checkpoint and train on.
+
+Outside ``check --resume-at`` none of the variables is set and nothing is wrapped.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the parent (check) reads the names below without importing torch
+    from .recorder import Recorder
+
+RESUME_AT_ENV = "TORCHREPRO_RESUME_AT"
+CHECKPOINT_ENV = "TORCHREPRO_CHECKPOINT"
+RESUME_FROM_ENV = "TORCHREPRO_RESUME_FROM"
+ENV_NAMES = (RESUME_AT_ENV, CHECKPOINT_ENV, RESUME_FROM_ENV)
+PHASES = ("straight", "stop", "resume")
+FACTS_KEY = "resume_at"  # the child's summary (manifest) field
+
+# module -> (trainer kind, patch); the module is patched as soon as it has been executed
+_LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+_TRANSFORMERS = ("transformers.trainer",)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a script run by ``torchrepro check --resume-at K`` is: what :func:`resume_point` returns.
+
+    - ``step``: K in the process that is to checkpoint and stop (else ``None``);
+    - ``checkpoint``: where that process saves its checkpoint (a file or a directory; else ``None``);
+    - ``resume_from``: in the restarted process, the checkpoint to load before training on (else ``None``).
+
+    Outside ``check --resume-at`` all three are ``None`` and :meth:`due` is always False.
+    """
+
+    step: int | None = None
+    checkpoint: Path | None = None
+    resume_from: Path | None = None
+
+    def due(self) -> bool:
+        """True once step K is done in the process that is to checkpoint (call it after each optimizer step).
+
+        Counts the steps the way ``check`` does (optimizer steps; ``backward()`` calls when the script has no
+        ``torch.optim`` optimizer), so gradient accumulation needs no arithmetic in the script."""
+        from .recorder import current_recorder
+
+        rec = current_recorder()
+        return self.step is not None and rec is not None and rec.completed_steps() >= self.step
+
+
+def resume_point() -> ResumePoint:
+    """Where ``torchrepro check --resume-at K`` has this process: checkpoint after step K, resume, or neither.
+
+    Outside ``check --resume-at`` there is nothing to do:
+
+    >>> import torchrepro
+    >>> rp = torchrepro.resume_point()
+    >>> rp.step, rp.checkpoint, rp.resume_from, rp.due()
+    (None, None, None, False)
+
+    In a training loop (``load``/``save`` are the script's own)::
+
+        rp = torchrepro.resume_point()
+        start = load(rp.resume_from) if rp.resume_from else 0   # the restarted process
+        for step in range(start, steps):
+            train_step()
+            if rp.due():                                          # after step K, in the process that stops
+                save(rp.checkpoint)
+    """
+    step = os.environ.get(RESUME_AT_ENV, "")
+    checkpoint = os.environ.get(CHECKPOINT_ENV) or None
+    resume_from = os.environ.get(RESUME_FROM_ENV) or None
+    return ResumePoint(int(step) if step.isdigit() else None, Path(checkpoint) if checkpoint else None,
+                       Path(resume_from) if resume_from else None)
+
+
+@dataclass
+class ResumePlan:
+    """What the child of one of ``check --resume-at``'s runs does (from ``LaunchOptions.resume_at``)."""
+
+    phase: str  # straight | stop | resume
+    step: int  # K
+    checkpoint: str  # stop: where to save (a file for Lightning, a path for scripts); resume: what to load
+    trainer: str | None = None  # "lightning" or "transformers" once the script called fit()/train()
+    saved: str | None = None  # the checkpoint a trainer wrote (transformers: output_dir/checkpoint-K)
+    saved_at_step: int | None = None
+    resumed_from: str | None = None  # the checkpoint a trainer was told to resume from
+    notes: list[str] = field(default_factory=list)
+    recorder: Recorder | None = None
+
+    @classmethod
+    def from_options(cls, config: dict[str, Any]) -> ResumePlan:
+        phase, step = config.get("phase"), config.get("step")
+        if phase not in PHASES or not isinstance(step, int) or step < 1:
+            raise ValueError(f"bad resume_at launch option {config!r}")
+        return cls(phase=phase, step=step, checkpoint=str(config.get("checkpoint") or ""))
+
+    def recorder_options(self) -> dict[str, Any]:
+        """The recorder's options in this phase: marks everywhere; the RNG boundary where the resume happens."""
+        boundary = {"straight": self.step, "stop": None, "resume": 0}[self.phase]
+        return {"resume_marks": True, "boundary_after": boundary,
+                "stop_after": self.step if self.phase == "stop" else None,
+                "grad_value_start": self.step + 1 if self.phase == "straight" else 1}
+
+    def install(self, recorder: Recorder | None) -> ResumePlan:
+        """Set the script's environment variables and wrap the trainers (now, or when they are imported)."""
+        self.recorder = recorder
+        for name in ENV_NAMES:
+            os.environ.pop(name, None)
+        if self.phase == "stop":
+            os.environ[RESUME_AT_ENV] = str(self.step)
+            os.environ[CHECKPOINT_ENV] = self.checkpoint
+        elif self.phase == "resume":
+            os.environ[RESUME_FROM_ENV] = self.checkpoint
+        if self.phase != "straight":
+            patches = {name: self._patch_lightning for name in _LIGHTNING}
+            patches.update({name: self._patch_transformers for name in _TRANSFORMERS})
+            _PatchOnImport.install(patches)
+        return self
+
+    def facts(self) -> dict[str, Any]:
+        """What the manifest says about this phase (``resume_at``): the parent finds the checkpoint there."""
+        checkpoint = self.saved or (self.checkpoint if self.phase == "stop" else None)
+        exists = checkpoint is not None and os.path.exists(checkpoint)
+        return {"phase": self.phase, "step": self.step, "trainer": self.trainer or "script",
+                "checkpoint": os.path.abspath(checkpoint) if checkpoint else None,
+                "checkpoint_written": exists if self.phase == "stop" else None,
+                "saved_at_step": self.saved_at_step, "resumed_from": self.resumed_from or
+                (self.checkpoint if self.phase == "resume" else None), "notes": self.notes}
+
+    def _steps(self) -> int:
+        return self.recorder.completed_steps() if self.recorder is not None else 0
+
+    # --- Lightning ----------------------------------------------------------------------------------------
+    def _patch_lightning(self, module: Any) -> None:
+        trainer_cls = getattr(module, "Trainer", None)
+        if trainer_cls is None or getattr(trainer_cls.fit, "_torchrepro_resume_at", False):
+            return
+        package = module.__name__.split(".trainer.")[0]  # lightning.pytorch | pytorch_lightning
+        plan, orig = self, trainer_cls.fit
+
+        def fit(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            plan.trainer = "lightning"
+            bound = inspect.signature(orig).bind(trainer, *args, **kwargs)
+            if plan.phase == "stop":
+                if not any(getattr(cb, "_torchrepro_stop", False) for cb in trainer.callbacks):
+                    trainer.callbacks.append(plan._lightning_callback(package))
+            elif plan.phase == "resume" and plan.resumed_from is None:
+                given = bound.arguments.get("ckpt_path")
+                if given is not None:
+                    plan.notes.append(f"fit(ckpt_path={given!r}) was replaced by the checkpoint of step {plan.step}")
+                bound.arguments["ckpt_path"] = plan.resumed_from = plan.checkpoint
+            return orig(*bound.args, **bound.kwargs)
+
+        fit._torchrepro_resume_at = True  # type: ignore[attr-defined]
+        fit.__wrapped__ = orig  # type: ignore[attr-defined]
+        trainer_cls.fit = fit
+
+    def _lightning_callback(self, package: str) -> Any:
+        callback_base = importlib.import_module(f"{package}.callbacks").Callback
+        plan = self
+
+        class _StopAtStep(callback_base):  # type: ignore[misc, valid-type]
+            """Saves the trainer's own checkpoint once step K is done, then ends the script."""
+
+            _torchrepro_stop = True
+
+            def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+                if plan.saved is None and plan._steps() >= plan.step:
+                    trainer.save_checkpoint(plan.checkpoint)
+                    plan.saved, plan.saved_at_step = plan.checkpoint, plan._steps()
+                    plan._stop()
+
+        return _StopAtStep()
+
+    # --- transformers -------------------------------------------------------------------------------------
+    def _patch_transformers(self, module: Any) -> None:
+        trainer_cls = getattr(module, "Trainer", None)
+        if trainer_cls is None or getattr(trainer_cls.train, "_torchrepro_resume_at", False):
+            return
+        plan, orig = self, trainer_cls.train
+
+        def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            plan.trainer = "transformers"
+            bound = inspect.signature(orig).bind(trainer, *args, **kwargs)
+            if plan.phase == "resume" and plan.resumed_from is None:
+                given = bound.arguments.get("resume_from_checkpoint")
+                if given not in (None, False):
+                    plan.notes.append(f"train(resume_from_checkpoint={given!r}) was replaced by the checkpoint of "
+                                      f"step {plan.step}")
+                bound.arguments["resume_from_checkpoint"] = plan.resumed_from = plan.checkpoint
+                return orig(*bound.args, **bound.kwargs)
+            if plan.phase != "stop" or plan.saved is not None:
+                return orig(*bound.args, **bound.kwargs)
+            callback = plan._transformers_callback()
+            trainer.add_callback(callback)
+            try:
+                result = orig(*bound.args, **bound.kwargs)
+            finally:
+                trainer.remove_callback(callback)
+            if callback.requested_at is not None:  # the Trainer saved output_dir/checkpoint-<global step> and stopped
+                folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+                plan.saved, plan.saved_at_step = folder, plan._steps()
+                plan._stop()
+            return result
+
+        train._torchrepro_resume_at = True  # type: ignore[attr-defined]
+        train.__wrapped__ = orig  # type: ignore[attr-defined]
+        trainer_cls.train = train
+
+    def _transformers_callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        plan = self
+
+        class _StopAtStep(TrainerCallback):  # type: ignore[misc]
+            """Has the Trainer save its own checkpoint once step K is done, and stop training."""
+
+            requested_at: int | None = None
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+                if self.requested_at is None and plan._steps() >= plan.step:
+                    self.requested_at = state.global_step
+                    control.should_save = True
+                    control.should_training_stop = True
+                return control
+
+        return _StopAtStep()
+
+    def _stop(self) -> None:
+        """End the script cleanly (as ``--max-steps`` does): the checkpoint of step K is written."""
+        from .recorder import MaxStepsReached
+
+        if self.recorder is not None:
+            self.recorder.stopped = True
+        raise MaxStepsReached()
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``patch(module)`` right after the named modules are executed (or now, if they already are)."""
+
+    def __init__(self, patches: dict[str, Any]) -> None:
+        self.patches = patches
+
+    @classmethod
+    def install(cls, patches: dict[str, Any]) -> None:
+        pending = {}
+        for name, patch in patches.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                patch(module)
+            else:
+                pending[name] = patch
+        if pending:
+            sys.meta_path.insert(0, cls(pending))
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = self.patches.get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, patch: Any) -> None:
+        self.loader, self.patch = loader, patch
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package ... of the real loader
+        return getattr(self.loader, name)

@@ -1,0 +1,142 @@
+"""End to end: `torchrepro compare 'CMD_A' 'CMD_B'` on real processes (tests/scripts/sum_order.py).
+
+The commands that start training processes are started once per module, side by side (fixtures); the tests that
+only read their recordings call the CLI in this process on the run directories they left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrepro.cli import main
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPT = SCRIPTS / "sum_order.py"
+
+
+def _line_of(marker: str) -> int:
+    return next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), start=1) if marker in line)
+
+
+def _start(out: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torchrepro", "compare", "--json", "--out", str(out), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(p: subprocess.Popen) -> tuple[int, dict, str]:
+    out, err = p.communicate(timeout=900)
+    return p.returncode, (json.loads(out) if out.strip() else {}), err
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory):
+    """Every compare that trains, started at once: summation order (--locate), the same command, eager vs compiled."""
+    root = tmp_path_factory.mktemp("compare")
+    a, b = f"python {SCRIPT}", f"python {SCRIPT} --reverse"
+    procs = {"order": _start(root / "order", "--locate", "--max-steps", "2", a, b),
+             "same": _start(root / "same", "--max-steps", "2", a, a),
+             "compiled": _start(root / "compiled", "--locate", "--max-steps", "1", a, f"python {SCRIPT} --compile")}
+    yield root, procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+@pytest.fixture(scope="module")
+def order(started):
+    return _result(started[1]["order"])
+
+
+def test_same_command_is_identical(started):
+    rc, doc, err = _result(started[1]["same"])
+    assert rc == 0, err
+    assert doc["schema"] == "torchrepro.compare/1" and doc["verdict"] == "identical" and doc["exit_code"] == 0
+    assert doc["first_divergent_step"] is None and doc["differences"] == [] and doc["steps"] == [2, 2]
+
+
+def test_summation_order_diverges_at_step_1_and_locate_names_both_lines(order):
+    rc, doc, err = order
+    assert rc == 1, err
+    assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "compute"
+    assert doc["tolerance"]["bitwise"] is True
+    loc = doc["locate"]
+    assert loc["verdict"] == "program" and loc["traced_steps"] == [1]
+    cause, op = loc["cause"], loc["op"]
+    assert cause["kind"] == "inserted" and cause["a"] is None
+    assert (cause["b"]["op"], cause["b"]["line"]) == ("aten.flip", _line_of("REVERSED-SUM"))
+    # the first value it changes: the sum, named on both sides with its own line
+    assert op["a"]["op"] == op["b"]["op"] == "aten.sum"
+    assert (op["a"]["line"], op["b"]["line"]) == (_line_of("FORWARD-SUM"), _line_of("REVERSED-SUM"))
+    assert loc["difference"]["max_abs"] > 0 and loc["values_kept"][0] > 0
+    assert Path(loc["op_table"]).is_file()
+
+
+def test_the_same_pair_within_a_tolerance_is_equivalent(order, tmp_path, capsys):
+    """The recordings of the pair, compared again in this process within rtol=1e-4 (no new training runs)."""
+    runs = order[1]["runs"]
+    assert main(["compare", "--json", "--rtol", "1e-4", "--out", str(tmp_path / "eq"), *runs]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "equivalent" and doc["first_out_of_tolerance"] is None
+    worst = doc["largest_abs_difference"]
+    assert worst["within"] is True and 0 < worst["max_abs"] and worst["rtol"] == 1e-4
+    assert doc["compared_by_value"] > 0 and doc["bitwise_only"] == []
+    # and bitwise (the default), the text names the step, the tolerance it would need and the runs
+    assert main(["compare", "--out", str(tmp_path / "bw"), *runs]) == 1
+    text = capsys.readouterr().out
+    assert "DIVERGED at step 1" in text and "`--rtol dtype` would accept them" in text
+
+
+def test_locate_text_from_recorded_traces(order, tmp_path, capsys):
+    """`compare --locate` on the traced re-runs' directories: the text names the op and both lines."""
+    traced = order[1]["locate"]["traced_in"]
+    assert main(["compare", "--locate", "--out", str(tmp_path / "loc"), *traced]) == 1
+    text = capsys.readouterr().out
+    assert "Locate: the programs differ: B runs an op A does not" in text
+    assert "aten.flip" in text and f"{SCRIPT}:{_line_of('REVERSED-SUM')}" in text
+    assert f"{SCRIPT}:{_line_of('FORWARD-SUM')}" in text
+
+
+def test_eager_vs_compiled_names_the_compiled_kernel(started):
+    rc, doc, err = _result(started[1]["compiled"])
+    assert rc == 1, err
+    assert doc["verdict"] == "diverged"
+    assert doc["compiled"]["a"] == [] and doc["compiled"]["b"][0]["target"] == "Net"
+    loc = doc["locate"]
+    assert loc["compiled"] is True and loc["side"] == "B" and loc["verdict"] == "compiled-kernel", loc
+    assert loc["op"]["file"] == str(SCRIPT) and loc["op"]["line"] and loc["op"]["op"].startswith("aten.")
+    assert loc["difference"]["max_abs"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["python nope.py", "python nope.py"], "script 'nope.py' does not exist"),
+    (["", "python x.py"], "command A '' holds no command"),
+    (["python 'x.py", "python x.py"], "cannot be split into words"),
+    (["--rtol", "-1", "a", "b"], "expected a tolerance"),
+])
+def test_bad_input_is_exit_2_with_one_json_document(args, message, capsys, tmp_path):
+    assert main(["compare", "--json", "--out", str(tmp_path / "o"), *args]) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["schema"] == "torchrepro.compare/1" and doc["verdict"] == "error" and doc["exit_code"] == 2
+    assert message in doc["error"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_report_shows_the_verdict_the_tensors_and_both_lines(order):
+    """report.html of the summation-order pair, rendered: the verdict, the tensors by value, the located program
+    difference with both source lines, and the plots."""
+    from tests.cli.browser import dump_dom, network_references
+
+    page = Path(order[1]["report"])
+    assert page == Path(order[1]["out"]) / "report.html"
+    dom = dump_dom(page)
+    assert "torchrepro compare" in dom and "DIVERGED" in dom and "at step 1" in dom
+    assert "Tensors compared by value" in dom and "x tolerance" in dom
+    assert "aten.flip" in dom and f"{SCRIPT}:{_line_of('REVERSED-SUM')}" in dom
+    assert "<polyline" in dom and network_references(page.read_text()) == []

@@ -1,0 +1,274 @@
+"""report.html, rendered in a real headless browser: what a reader sees, that nothing is fetched from the network,
+and that hostile strings (file names, commands, op names, env values, source lines) stay text."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.browser import dump_dom, ink, network_references, screenshot
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSI, BIDI = "\x1b[31m", "\u202e"
+HOSTILE_DIR = 'evil<b>&"q\'</script>'  # a '/' ends a name: the path itself spells </script>
+HOSTILE_TAG = "</script><img src=x onerror=alert(1)>&amp;"
+SCRIPT = f'''
+import sys
+import torch
+from torch import nn
+
+torch.set_num_threads(2)
+torch.manual_seed(0)
+nodes, edges = 2000, 150_000
+h0, target = torch.randn(nodes, 16), torch.randn(nodes)
+dst = torch.randint(0, nodes, (edges,))
+model = nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    msg = model(h0)[torch.randint(0, nodes, (edges,), generator=torch.Generator().manual_seed(1))]
+    index = (dst.unsqueeze(1) * 16 + torch.arange(16)).reshape(-1)
+    out = torch.zeros(nodes * 16).index_put_((index,), msg.reshape(-1), accumulate=True)  # <i>&"{ANSI}{BIDI}
+    nn.functional.mse_loss(out.view(nodes, 16).sum(1), target).backward()
+    opt.step()
+'''
+
+
+def _torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=str(cwd),
+                          env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory) -> dict:
+    """`check --locate` of a scatter-add script (nondeterministic on 2 threads) whose path, arguments and source
+    line hold hostile strings."""
+    root = tmp_path_factory.mktemp("report")
+    folder = root / HOSTILE_DIR.split("/")[0]
+    (folder / HOSTILE_DIR.split("/")[1]).mkdir(parents=True)
+    script = folder / HOSTILE_DIR.split("/")[1] / "train.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    out = root / "out"
+    p = _torchrepro("check", "--locate", "--json", "--out", str(out), "--", "python", str(script), "--tag",
+                    HOSTILE_TAG, "--name", ANSI + BIDI, cwd=root)
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
+    return {"doc": json.loads(p.stdout), "out": out, "script": script, "root": root}
+
+
+def test_check_writes_a_report_that_the_browser_shows_with_verdict_op_source_and_plots(checked):
+    out, doc = checked["out"], checked["doc"]
+    page = out / "report.html"
+    assert doc["report"] == str(page) and page.is_file()
+    assert doc["locate"]["verdict"] == "origin" and doc["locate"]["op"]["op"] == "aten.index_put_"
+    dom = dump_dom(page)
+    assert "DIVERGED" in dom and "at step 1" in dom
+    assert "aten.index_put_" in dom and "nondeterministic operation" in dom
+    assert html.escape(doc["locate"]["op"]["code"].split("#")[0].strip(), quote=False) in dom  # the source line
+    assert doc["action"] in html.unescape(dom)  # the terminal's Next:, word for word
+    assert dom.count("<svg") >= 2 and "<polyline" in dom  # the loss curves and the growth of |Δ|
+    assert 'class="origin"' in dom  # the origin row of the op table and of the source excerpt
+    assert "Tensors where they first differ" in dom
+
+
+def test_the_report_references_nothing_outside_itself(checked):
+    text = (checked["out"] / "report.html").read_text(encoding="utf-8")
+    assert network_references(text) == []
+    assert text.count("<script") == 1  # ours, at the end; no other script element
+
+
+def test_the_report_links_the_files_it_names_relative_to_itself(checked):
+    import re
+    from urllib.parse import unquote
+
+    out = checked["out"]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    hrefs = re.findall(r'href="([^"]+)"', page)
+    assert hrefs and not any(h.startswith(("/", "file:")) for h in hrefs)
+    for h in hrefs:
+        if h.startswith("#"):  # the section links at the top
+            assert f'id="{h[1:]}"' in page, h
+        else:
+            assert (out / unquote(h)).exists(), h
+    assert {"#locate", "#plots", "#tensors"} <= set(hrefs)
+    assert "check.json" in hrefs and "run1/" in hrefs
+
+
+def test_hostile_strings_stay_text(checked):
+    text = (checked["out"] / "report.html").read_text(encoding="utf-8")
+    dom = dump_dom(checked["out"] / "report.html")
+    for raw in (ANSI, BIDI, "\x1b"):
+        assert raw not in text and raw not in dom
+    assert "\\x1b[31m\\u202e" in html.unescape(text)  # shown as Python writes them
+    assert "<img" not in dom and "<i>" not in dom and "<b>" not in dom  # no element made of recorded text
+    assert html.escape(HOSTILE_TAG) in text  # the argument, escaped (its &amp; too)
+    assert html.escape("evil<b>&\"q'", quote=True) in text  # the file name
+
+
+def test_the_screenshot_is_not_blank_in_light_and_dark_mode(checked, tmp_path):
+    light = ink(screenshot(checked["out"] / "report.html", tmp_path / "light.png"))
+    dark = ink(screenshot(checked["out"] / "report.html", tmp_path / "dark.png", dark=True))
+    for share, colours in (light, dark):
+        assert share > 0.02 and colours > 20, (share, colours)
+    from PIL import Image
+
+    corner = [Image.open(tmp_path / f"{m}.png").convert("L").getpixel((5, 5)) for m in ("light", "dark")]
+    assert corner[0] > 200 and corner[1] < 60  # the page follows the system's colour scheme
+
+
+def test_the_tables_sort_when_a_column_is_clicked(tmp_path):
+    from torchrepro.cli._html.page import document, num, table, td
+
+    rows = [[name, td(num(v), v)] for name, v in (("w", 3e-3), ("x", 1e-9), ("y", 2.0), ("z", None))]
+    order = ("Array.from(document.querySelectorAll('tbody tr')).map(r=>r.cells[0].textContent).join('')")
+    clicks = ("var b=document.querySelectorAll('th button')[1];b.click();document.body.setAttribute('data-up',"
+              f"{order});b.click();document.body.setAttribute('data-down',{order});")
+    page = document("sort", [table(["tensor", "max"], rows, sortable=True)])
+    (tmp_path / "sort.html").write_text(page.replace("</body>", f"<script>{clicks}</script></body>"))
+    dom = dump_dom(tmp_path / "sort.html")
+    assert 'data-up="xwyz"' in dom and 'data-down="ywxz"' in dom  # numbers by value (1e-9 < 3e-3); "-" last
+    assert 'aria-sort="descending"' in dom
+
+
+def test_compare_bisect_and_env_reports_escape_the_same_way():
+    """Op names, module names and env values from another machine are escaped in every report."""
+    from torchrepro.cli._html import sections
+    from torchrepro.cli._html.reports import env_diff_report
+
+    evil = f"aten.<script>alert(1)</script>&{ANSI}{BIDI}"
+    loc = sections.locate({"verdict": "origin", "title": "t", "op": {"op": evil, "module": evil, "file": evil,
+                                                                     "line": 3, "code": evil, "phase": "forward"},
+                           "op_index": 1, "step": 1, "context": [{"i": 1, "op": evil, "module": evil, "line": 3,
+                                                                  "code": evil, "origin": True,
+                                                                  "inputs_equal": True, "outputs_equal": False}],
+                           "fix": evil}, evil)
+    env = env_diff_report({"verdict": "breaks-bitwise", "counts": {"breaks-bitwise": 1}, "changes": [
+        {"key": evil, "a": evil, "b": 3, "rank": "breaks-bitwise", "reason": evil}]}, a=evil, b=evil, headline=evil)
+    for markup in (loc, env):
+        assert "<script>alert" not in markup and "\x1b" not in markup and BIDI not in markup
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;&amp;\\x1b[31m\\u202e" in markup
+
+
+def test_a_long_run_gives_a_small_report(tmp_path):
+    """100,000 steps: the curves are downsampled and the growth table cut around the first divergence."""
+    from torchrepro.analysis.compare import CheckResult, Difference
+    from torchrepro.cli._html.reports import check_report
+    from torchrepro.cli._html.svg import MAX_POINTS
+
+    n = 100_000
+    result = CheckResult("diverged", ["a", "b"], "optimizer", [n, n], first_step=50_000,
+                         first=[Difference("params", 50_000, ["w"])], kind_first_steps={"params": 50_000},
+                         cause="compute", losses=[[1.0 / (k + 1) for k in range(n)]] * 2,
+                         loss_delta=[0.0] * n, param_delta={k: (k >= 50_000) * 1e-7 * k for k in range(n)})
+    page = check_report(result, {}, [], tmp_path, command="`python long.py`")
+    assert len(page.encode()) < 2_000_000
+    import re
+
+    for points in re.findall(r'points="([^"]+)"', page):
+        assert len(points.split()) <= MAX_POINTS
+    assert "steps left out (check.json holds them all)" in page
+    assert ">50000<" in page  # the first divergent step is in the table
+
+
+def test_env_diff_and_audit_write_html_on_request(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert _torchrepro("env", "--json", "-o", str(a), cwd=tmp_path).returncode == 0
+    env = json.loads(a.read_text())
+    env["env"]["OMP_NUM_THREADS"] = f"<b>{ANSI}</b>"
+    env["threads"]["intra_op"] = 99
+    b.write_text(json.dumps(env))
+    p = _torchrepro("env", "diff", str(a), str(b), "--html", str(tmp_path / "env.html"), cwd=tmp_path)
+    assert p.returncode in (0, 1), p.stderr
+    page = (tmp_path / "env.html").read_text()
+    assert "Environment differences" in page and "&lt;b&gt;\\x1b[31m&lt;/b&gt;" in page
+    assert f"wrote {tmp_path / 'env.html'}" in p.stderr
+    p = _torchrepro("env", "diff", str(a), str(b), "--json", "--html", str(tmp_path), cwd=tmp_path)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 2 and doc["report"] is None and "is a directory" in doc["report_error"]
+    p = _torchrepro("audit", "--html", str(tmp_path / "audit.html"), cwd=tmp_path)
+    assert p.returncode in (0, 1), p.stderr
+    dom = dump_dom(tmp_path / "audit.html")
+    assert "Checklist" in dom and "torchrepro audit of this environment" in dom
+
+
+def test_html_to_a_directory_or_a_missing_folder_is_refused_with_the_verdict_kept(tmp_path):
+    p = _torchrepro("audit", "--html", str(tmp_path), cwd=tmp_path)
+    assert p.returncode == 2 and "is a directory, expected a file name such as" in p.stderr
+    assert "torchrepro audit of this environment" in p.stdout  # the checklist is printed all the same
+    (tmp_path / "a-file").write_text("kept")
+    p = _torchrepro("audit", "--html", str(tmp_path / "a-file" / "r.html"), cwd=tmp_path)
+    assert p.returncode == 2 and "a-file/r.html" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert (tmp_path / "a-file").read_text() == "kept"
+    p = _torchrepro("audit", "--json", "--html", str(tmp_path), cwd=tmp_path)
+    doc = json.loads(p.stdout)  # one document, which says what the exit status says
+    assert p.returncode == 2 and doc["exit_code"] == 2 and doc["report"] is None
+    assert doc["report_error"] == (f"--html {tmp_path} is a directory, expected a file name such as "
+                                   f"{tmp_path}/report.html")
+    p = _torchrepro("audit", "--json", "--html", str(tmp_path / "audit.html"), cwd=tmp_path)
+    doc = json.loads(p.stdout)
+    assert p.returncode == doc["exit_code"] in (0, 1) and doc["report"] == str(tmp_path / "audit.html")
+    assert "report_error" not in doc
+
+
+def test_a_later_check_may_replace_an_output_directory_that_holds_a_report(checked):
+    from torchrepro.record.outdir import check_check_dir
+
+    check_check_dir(checked["out"], flag="--out")  # report.html is torchrepro's own output, like check.json
+
+
+HOSTILE = {
+    "angle brackets": ("<b>bold</b>", "&lt;b&gt;bold&lt;/b&gt;"),
+    "ampersand": ("a&b &amp; c", "a&amp;b &amp;amp; c"),
+    "quotes": ('say "hi" \'there\'', "say &quot;hi&quot; &#x27;there&#x27;"),
+    "script end": ("</script><script>alert(1)</script>", "&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"),
+    "ANSI escape": ("\x1b[31mred\x1b[0m", "\\x1b[31mred\\x1b[0m"),
+    "bidi override": ("abc\u202edcba\u2066", "abc\\u202edcba\\u2066"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_each_hostile_string_is_escaped_in_every_place_a_report_shows_recorded_text(name, tmp_path):
+    """As a file name, a command, an op and module name, a source line and an env key and value."""
+    from torchrepro.analysis.compare import CheckResult, Difference
+    from torchrepro.cli._html import sections
+    from torchrepro.cli._html.reports import check_report, env_diff_report
+
+    raw, shown = HOSTILE[name]
+    op = {"op": f"aten.{raw}", "module": raw, "file": f"/x/{raw}.py", "line": 3, "code": raw, "phase": "forward"}
+    located = {"verdict": "origin", "title": "nondeterministic operation", "op": op, "op_index": 1, "step": 1,
+               "context": [{**op, "i": 1, "origin": True, "inputs_equal": True, "outputs_equal": False}],
+               "fix": raw, "explanation": raw, "ops_traced": [5, 5], "traced_steps": [1]}
+    result = CheckResult("diverged", [str(tmp_path / raw)], "optimizer", [2, 2], first_step=1,
+                         first=[Difference("params", 1, [raw])], kind_first_steps={"params": 1}, cause="compute",
+                         losses=[[1.0, 0.5], [1.0, 0.6]], loss_delta=[0.0, 0.1], param_delta={0: 0.0, 1: 1e-3},
+                         notes=[raw])
+    env = {"verdict": "breaks-bitwise", "counts": {"breaks-bitwise": 1}, "compared": True,
+           "changes": [{"key": raw, "a": raw, "b": None, "rank": "breaks-bitwise", "reason": raw}]}
+    pages = [check_report(result, {"locate": located, "environment_diff": env}, [], tmp_path,
+                          command=f"`python {raw}.py --tag {raw}`"),
+             env_diff_report(env, a=raw, b=raw, headline=raw), sections.locate(located, raw)]
+    for page in pages:
+        body = page[page.find("<body>"):page.rfind("<script>")] if "<body>" in page else page
+        assert raw not in body and shown in body, name
+        assert "<b>" not in body and "<script" not in body and "\x1b" not in body and "\u202e" not in body
+
+
+def test_a_report_that_fails_to_build_is_a_warning_and_a_disk_error_is_named(tmp_path, capsys):
+    from torchrepro.cli._report import write_report
+
+    def broken() -> str:
+        raise KeyError("ops_traced")
+
+    errors: list = []
+    assert write_report(tmp_path / "report.html", broken, errors) is None and errors == []
+    assert "report.html was not written: building it failed (KeyError: 'ops_traced')" in capsys.readouterr().err
+    assert not (tmp_path / "report.html").exists()
+    (tmp_path / "file").write_text("x")
+    assert write_report(tmp_path / "file" / "report.html", lambda: "<html>", errors) is None
+    assert len(errors) == 1 and "file/report.html" in errors[0][0]

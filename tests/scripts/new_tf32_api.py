@@ -1,0 +1,13 @@
+"""Sets TF32 through PyTorch's new fp32_precision API (torch >= 2.9), then trains: torchrepro must still record it."""
+import torch
+from torch import nn
+
+if hasattr(torch.backends.cudnn, "conv"):
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
