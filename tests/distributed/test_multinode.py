@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,52 @@ def test_torchrun_commands_of_several_nodes():
         parse_torchrun(["torchrun", "--nnodes", "2", "--standalone", "train.py"])
     with pytest.raises(CommandError, match="record each node with `torchrepro run --record DIR"):
         parse_torchrun_command(["torchrun", "--nnodes", "2", "train.py"])  # check: one machine
+
+
+def test_nodes_ending_together_write_the_run_manifest_in_turn(tmp_path, monkeypatch):
+    """Node 0 merges the node manifests (only its own is there yet) and is slow to write; node 1 writes its own
+    and merges both meanwhile. Node 0's write must not come last with the older merge (the CI failure of stop 30:
+    the run's manifest listed node0 alone)."""
+    import threading
+
+    from torchrepro.record import launcher
+    from torchrepro.record.store import write_manifest
+
+    def fields(node: int) -> dict:
+        return {"nnodes": 2, "node": node, "ranks": [f"rank{node}"], "status": "ok", "exit_code": 0,
+                "failed_rank": None, "rank_status": {f"rank{node}": {"exit_code": 0, "status": "ok", "steps": 3}}}
+
+    merged, real_merge = threading.Event(), launcher.merged_nodes_manifest
+
+    def slow_merge(record, mine):
+        doc = real_merge(record, mine)
+        if mine["node"] == 0:
+            merged.set()
+            time.sleep(0.5)
+        return doc
+
+    monkeypatch.setattr(launcher, "merged_nodes_manifest", slow_merge)
+    for node in (0, 1):
+        (tmp_path / f"node{node}").mkdir()
+    write_manifest(tmp_path / "node0", fields(0))
+    node0 = threading.Thread(target=launcher.write_nodes_manifest, args=(tmp_path, fields(0)))
+    node0.start()
+    assert merged.wait(10)
+    write_manifest(tmp_path / "node1", fields(1))
+    launcher.write_nodes_manifest(tmp_path, fields(1), wait_s=10)
+    node0.join(10)
+    top = json.loads((tmp_path / "manifest.json").read_text())
+    assert top["nodes"] == ["node0", "node1"] and top["ranks"] == ["rank0", "rank1"]
+    assert not (tmp_path / ".torchrepro.lock").exists()
+
+
+def test_a_stale_run_manifest_still_reads_every_node(tmp_path):
+    """A shared file system without working locks may still leave the older merge: readers list the nodes
+    from the node manifests."""
+    shared = tmp_path / "A"
+    for rc, out in two_nodes([shared, shared], "--steps", "2"):
+        assert rc == 0, out
+    top = json.loads((shared / "manifest.json").read_text())
+    (shared / "manifest.json").write_text(json.dumps({**top, "ranks": ["rank0"], "nodes": ["node0"]}))
+    run, ranks = load_ranks(shared)
+    assert run.manifest["nodes"] == ["node0", "node1"] and [r.path.name for r in ranks] == ["rank0", "rank1"]

@@ -732,12 +732,9 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         fields.update(nnodes=opts.nnodes, node=node, world_size=opts.nnodes * n)
         make_dir(record / f"node{node}", flag="--record")
         write_manifest(record / f"node{node}", fields)
-        # the nodes of a run recorded into one directory end at about the same time: each merges the node
-        # manifests and writes the run's manifest in turn, so the one that goes last sees every node's
-        with lock_dir(record, wait_s=60.0):
-            manifest = write_manifest(record, merged_nodes_manifest(record, fields))
-        return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
-    manifest = write_manifest(record, fields)
+        manifest = write_nodes_manifest(record, fields)
+    else:
+        manifest = write_manifest(record, fields)
     return RunResult(returncode=rc, status=status, record=opts.record, manifest=manifest)
 
 
@@ -752,6 +749,15 @@ def _node_base(record: Path, opts: LaunchOptions, n: int) -> int:
         if token and summary.get("node_token") == token and isinstance(summary.get("group_rank"), int):
             return int(summary["group_rank"]) * n
     return opts.node_rank * n
+
+
+def write_nodes_manifest(record: Path, mine: dict[str, Any], wait_s: float = 60.0) -> dict[str, Any]:
+    """Write the run's manifest of a node that has written its own (``nodeN/manifest.json``): the nodes of a run
+    recorded into one directory end at about the same time, so each merges and writes under the directory's
+    lock in turn, and the node that goes last sees every node's manifest (without it, a node that merged first
+    could write last and leave a manifest that lists itself alone)."""
+    with lock_dir(record, what="torchrepro run (writing the run's manifest of one node)", wait_s=wait_s):
+        return write_manifest(record, merged_nodes_manifest(record, mine))
 
 
 def merged_nodes_manifest(record: Path, mine: dict[str, Any]) -> dict[str, Any]:
