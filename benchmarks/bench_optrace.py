@@ -7,8 +7,10 @@ Targets:
   ``TorchDispatchMode`` adds (the floor of any Python dispatch mode);
 - example CNN step (batch 32 and batch 8): traced <= 1.3x untraced;
 - the time torchrepro's tracer adds on the CNN is <= half of what DebugMode + log_tensor_hashes adds.
-The transformer block is reported, not targeted. Each figure is the median over rounds in which the variants
-alternate (machine noise hits all of them alike); the round-by-round ratio's quartiles show the noise.
+Also timed: a no-op function mode together with the no-op dispatch mode, the floor of a tracer made of one
+mode of each kind, as this one is. The transformer block is reported, not targeted. Each figure is the median over
+rounds in which the variants alternate (machine noise hits all of them alike); the round-by-round ratio's
+quartiles show the noise.
 Run: python benchmarks/bench_optrace.py [--quick] [--rounds N] [--threads N]
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +45,15 @@ class NoopMode(TorchDispatchMode):
     """A Python dispatch mode that only runs each op: the fixed cost every such mode pays."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class NoopFunctionMode(TorchFunctionMode):
+    """A Python torch-function mode that only runs each call: with NoopMode, the floor of a tracer built, as
+    torchrepro's is, on one mode of each kind (the function mode gives forward and backward ops their source line)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         return func(*args, **(kwargs or {}))
 
@@ -71,7 +83,12 @@ def variants(step: Callable[[], object], models: dict[str, nn.Module], counts: d
         with NoopMode():
             step()
 
+    def noop_both() -> None:
+        with NoopFunctionMode(), NoopMode():
+            step()
+
     out: dict[str, Callable[[], object]] = {"untraced": step, "no-op dispatch mode": noop,
+                                             "no-op function + dispatch modes": noop_both,
                                              "torchrepro tracer": traced}
     debug = _debug_mode()
     if debug is not None:
@@ -157,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     floor = times["no-op dispatch mode"] - times["untraced"]
     ours = times["torchrepro tracer"] - times["untraced"]
     share = ours / floor if floor > 0 else float("inf")
+    both = times["no-op function + dispatch modes"] - times["untraced"]
     verdicts.append(f"small-op chain: added per op = {share:.2f}x the no-op dispatch mode's (target <= 2x) "
-                    f"{'OK' if share <= 2 else 'MISSED'}")
+                    f"{'OK' if share <= 2 else 'MISSED'}; a no-op function mode + dispatch mode alone: "
+                    f"{both / floor if floor > 0 else float('inf'):.2f}x")
 
     for batch in (32, 8):
         step, model = cnn_step(batch)

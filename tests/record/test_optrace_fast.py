@@ -96,3 +96,34 @@ def test_small_uninitialized_tensors_keep_their_mark_until_written():
 ])
 def test_records_are_encoded_as_json_dumps_writes_them(entry):
     assert optrace._encode(entry) == json.dumps(entry, separators=(",", ":"))
+
+
+_HOSTILE = ["", "plain", 'q"uote', "back\\slash", "tab\there", "new\nline", "caf\u00e9", "\u2603", "\x1b[31m",
+            "\u202e", '","in":[],"out":[],"', "\x7f", " "]
+
+
+def test_ops_file_lines_are_the_json_of_the_records(tmp_path):
+    """ops.jsonl is written from pre-encoded pieces; every line must be the JSON text of the record itself."""
+    import random
+
+    rnd = random.Random(0)
+    tracer = optrace.OpTracer(path=tmp_path / "ops.jsonl", keep=True)
+    tracer._file = open(tmp_path / "ops.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed below
+    src = tmp_path / 'we"ird\\ \u2603.py'
+    src.write_text("x = 1\ny = '\\x1b'  # \u202e\n")
+    sites = [None, (str(src), 1, ""), (str(src), 2, ""), (str(src), 99, "")]
+    fps = ["0123456789abcdef" * 2, optrace.UNINITIALIZED, "'x\"y\\\\z'", "<tuple>", "0x1.0p+0",
+           "unfingerprintable: caf\u00e9 \u2603", "unfingerprintable: a\nb", *_HOSTILE]
+    for i in range(3000):
+        tracer._queue.append((i, rnd.choice([None, 0, 7, 10**12]), rnd.choice(["aten.add", "aten.uniform_", *_HOSTILE]),
+                              rnd.choice(["forward", "backward", *_HOSTILE]), rnd.choice(["", "enc.0", *_HOSTILE]),
+                              rnd.choice(sites), rnd.sample(fps, rnd.randint(0, 3)), rnd.sample(fps, rnd.randint(0, 3)),
+                              rnd.choice([None, "global", "private", *_HOSTILE])))
+    tracer.flush()
+    tracer._file.close()
+    lines = (tmp_path / "ops.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(tracer.ops) == 3000
+    for line, entry in zip(lines, tracer.ops):
+        assert line == json.dumps(entry, separators=(",", ":"))
+    assert tracer.ops[5]["code"] in ("", "x = 1", "y = '\\x1b'  # \u202e")
+    assert {op["code"] for op in tracer.ops} == {"", "x = 1", "y = '\\x1b'  # \u202e"}

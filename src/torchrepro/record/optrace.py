@@ -318,6 +318,17 @@ def _json_encoder() -> Any:
 
 _encode = _json_encoder()
 
+
+def _fps_json(fps: list[str]) -> str:
+    """``_encode(fps)`` for a list of strings; plain ones (printable ASCII without quotes or backslashes, such as
+    hex digests) are joined as they are."""
+    if not fps:
+        return "[]"
+    text = '","'.join(fps)
+    if text.isascii() and text.isprintable() and "\\" not in text and text.count('"') == 2 * len(fps) - 2:
+        return f'["{text}"]'
+    return _encode(fps)  # type: ignore[no-any-return]
+
 # What the dispatch handler needs to know about an op, looked up once per OpOverload: its name and kind.
 _PLAIN, _SKIP, _EMPTY, _RNG = 0, 1, 2, 3
 _OP_INFO: dict[Any, tuple[str, int]] = {}
@@ -497,7 +508,8 @@ class OpTracer:
         self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
         self._file: IO[str] | None = None
         self._lines: dict[str, list[str]] = {}
-        self._codes: dict[tuple[str, int, str], str] = {}  # site -> the text of its line (see _encode_queue)
+        self._codes: dict[tuple[str, int, str], str] = {}  # site -> the text of its line (see _code)
+        self._parts: dict[tuple[Any, ...], tuple[str, str]] = {}  # see _fixed_parts
         self.recording = False  # ops are being recorded
         self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
         self.values = OpValues.from_env() if self.path else None  # tensor copies for compare --locate (opvalues)
@@ -553,30 +565,64 @@ class OpTracer:
 
     def _encode_queue(self) -> None:
         queue, self._queue = self._queue, []
+        if self.keep:
+            for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
+                self._ops.append(self._entry(i, step, op, phase, module, site, in_fps, out_fps, generator))
+        if self._file is None:
+            return
+        # The JSON lines, built from pieces: the part of a record that only its op, phase, module, source line
+        # and generator decide is encoded once per such combination (a training step repeats a few hundred),
+        # and fingerprint lists of plain hex digests are joined as they are. The text is exactly what
+        # ``_encode(self._entry(...))`` gives (tests/record/test_optrace_fast.py holds them side by side).
+        parts = self._parts
         lines = []
-        codes = self._codes
         for i, step, op, phase, module, site, in_fps, out_fps, generator in queue:
-            entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
-                     "file": site[0] if site else None, "line": site[1] if site else None,
-                     "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
-            if generator is not None:
-                entry["generator"] = generator
-            # the line's text is stored now: readers of ops.jsonl never open the paths a record names
-            if site:
-                code = codes.get(site)
-                if code is None:
-                    if len(codes) > 100_000:  # stay bounded
-                        codes.clear()
-                    code = codes[site] = _code_line(site[0], site[1], self._lines)
-                entry["code"] = code
-            else:
-                entry["code"] = ""
-            if self._file is not None:
-                lines.append(_encode(entry))
-            if self.keep:
-                self._ops.append(entry)
-        if lines and self._file is not None:
-            self._file.write("\n".join(lines) + "\n")
+            key = (op, phase, module, site, generator)
+            fixed = parts.get(key)
+            if fixed is None:
+                fixed = self._fixed_parts(key)
+            if type(i) is not int or (step is not None and type(step) is not int):
+                lines.append(_encode(self._entry(i, step, op, phase, module, site, in_fps, out_fps, generator)))
+                continue
+            lines.append(f'{{"i":{i},"step":{"null" if step is None else step},{fixed[0]},'
+                         f'"in":{_fps_json(in_fps)},"out":{_fps_json(out_fps)},{fixed[1]}}}')
+        self._file.write("\n".join(lines) + "\n")
+
+    def _entry(self, i: int, step: int | None, op: str, phase: str, module: str, site: tuple[str, int, str] | None,
+               in_fps: list[str], out_fps: list[str], generator: str | None) -> dict[str, Any]:
+        """One op record as a dict (the ``ops`` entry; its JSON is the line in ops.jsonl)."""
+        entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
+                 "file": site[0] if site else None, "line": site[1] if site else None,
+                 "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
+        if generator is not None:
+            entry["generator"] = generator
+        entry["code"] = self._code(site)  # stored now: readers of ops.jsonl never open the paths a record names
+        return entry
+
+    def _code(self, site: tuple[str, int, str] | None) -> str:
+        """The text of the source line ``site`` names ("" when none), read once per line."""
+        if not site:
+            return ""
+        codes = self._codes
+        code = codes.get(site)
+        if code is None:
+            if len(codes) > 100_000:  # stay bounded
+                codes.clear()
+            code = codes[site] = _code_line(site[0], site[1], self._lines)
+        return code
+
+    def _fixed_parts(self, key: tuple[str, str, str, tuple[str, int, str] | None, str | None]) -> tuple[str, str]:
+        """The JSON text of a record's fields before ``in`` and after ``out`` (without braces), for one
+        (op, phase, module, site, generator)."""
+        op, phase, module, site, generator = key
+        entry = self._entry(0, None, op, phase, module, site, [], [], generator)
+        text = _encode(entry)
+        head, tail = text.split(',"in":[],"out":[],', 1)
+        fixed = (head[len('{"i":0,"step":null,'):], tail[:-1])
+        if len(self._parts) > 100_000:  # stay bounded
+            self._parts.clear()
+        self._parts[key] = fixed
+        return fixed
 
     @property
     def ops(self) -> list[dict[str, Any]]:
