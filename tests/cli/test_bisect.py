@@ -207,3 +207,33 @@ def test_sigterm_removes_the_worktrees(tmp_path):
     assert p.returncode == 143, err
     assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
     assert leftovers(p.pid) == []
+
+
+def test_the_default_output_directory_holds_each_commits_recording(tmp_path):
+    """No --out: the recordings go to ./torchrepro-runs/bisect-*, a relative path, while each commit's run starts
+    in its worktree (before the fix, every run recorded into the worktree, which was then removed: 0 steps)."""
+    root = make_repo(tmp_path / "r", [("good", {"train.py": BASE}), ("reversed", {"train.py": REVERSED})])
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--good", "HEAD~1", "--max-steps",
+                        "2", "--", "python", "train.py"], cwd=root, env=ENV, capture_output=True, text=True,
+                       timeout=600)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
+    assert doc["first_bad_commit"]["subject"] == "reversed"
+    out = Path(doc["out"])
+    assert (root / out if not out.is_absolute() else out).parent == root / "torchrepro-runs"
+    assert {t["verdict"] for t in doc["tested"]} == {"good", "bad"}
+    for t in doc["tested"]:
+        manifest = json.loads((root / t["run"] / "manifest.json").read_text())
+        assert manifest["steps"] == 2 and (root / t["run"] / "trace.jsonl").is_file()
+
+
+def test_a_script_the_commit_does_not_hold_is_named(tmp_path, monkeypatch, capsys):
+    root = make_repo(tmp_path / "r", HISTORY[:2])
+    (root / "untracked.py").write_text(BASE)
+    monkeypatch.chdir(root)
+    rc, doc = _bisect_json(["--good", "HEAD~1", "--", "python", "untracked.py"], capsys)
+    good = git(root, "rev-parse", "HEAD~1").strip()[:12]
+    assert rc == 2 and doc["error"] == (
+        f"the command fails at good ({good}): untracked.py is not in commit {good} (it is not committed in your "
+        "checkout). Commit it, or run a script from outside the repository. Give a good commit where it runs.")
+    assert "torchrepro-bisect-" not in doc["error"]

@@ -156,6 +156,16 @@ class Bisection:
         return Side(label, " ".join(self.argv), in_checkout(self.argv, self.repo, checkout), {"PYTHONPATH": path},
                     cwd=str(checkout / rel))
 
+    def script_in_commit(self, side: Side, commit: Commit) -> None:
+        """Refuse a script of the repository that this commit does not hold (the checkout's path would name a
+        file of a temporary worktree that is gone by the time the error is read)."""
+        for given, used in zip(self.argv, side.argv):
+            if given != used and not Path(used).exists():
+                tracked = self.repo.tracked(Path(given).absolute())
+                state = ("it is not committed in your checkout" if not tracked else "it was added in a later commit")
+                raise CommandError(f"{given} is not in commit {commit.short} ({state}). Commit it, or run a "
+                                   "script from outside the repository.")
+
     def record(self, index: int) -> Tested:
         """Run the command at ``chain[index]`` (once: recordings are reused)."""
         if index in self.tested:
@@ -167,6 +177,7 @@ class Bisection:
         checkout = self.trees.add(commit.sha)
         try:
             side = self.side(index, checkout, commit.short)
+            self.script_in_commit(side, commit)
             parse_python_command(side.argv)
             entry.run = record_side(side, self.out / f"c-{commit.short}", self.opts, quiet=True)
             self.runs[index] = load_run(entry.run)

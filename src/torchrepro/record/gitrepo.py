@@ -133,6 +133,16 @@ class Repo:
                 new_line += 1
         return files
 
+    def tracked(self, path: Path) -> bool:
+        """Whether ``path`` (a file of the working tree) is in the index: committed or staged."""
+        rel = self.relative(path)
+        if rel is None:
+            return False
+        try:
+            return bool(self.git("ls-files", "--error-unmatch", "--", str(rel)).strip())
+        except GitError:
+            return False
+
     def relative(self, path: Path) -> Path | None:
         """``path`` relative to the repository root (None when it lies outside)."""
         try:

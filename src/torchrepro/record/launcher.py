@@ -335,7 +335,10 @@ def child_env(opts: LaunchOptions) -> dict[str, str]:
         env["TORCHREPRO_SEED"] = str(opts.seed)
     if opts.deterministic and opts.determinism.get("cublas_workspace", ":4096:8") is not None:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    env[CONFIG_ENV] = json.dumps(asdict(opts))
+    config = asdict(opts)
+    if opts.record and opts.cwd:  # the child starts in another directory: a relative path would land there
+        config["record"] = os.path.abspath(opts.record)
+    env[CONFIG_ENV] = json.dumps(config)
     env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
     return env
 
