@@ -114,7 +114,9 @@ def test_eager_vs_compiled_names_the_compiled_kernel(started):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["python nope.py", "python nope.py"], "script 'nope.py' does not exist"),
+    (["python nope.py", "python nope.py"], "command A (`python nope.py`): script 'nope.py' does not exist"),
+    (["python -c 1", "ls -l"], "command B (`ls -l`): torchrepro records Python training scripts"),
+    ([".", "python x.py"], "A '.' is a directory but not a run directory (it holds no manifest.json)"),
     (["", "python x.py"], "command A '' holds no command"),
     (["python 'x.py", "python x.py"], "cannot be split into words"),
     (["--rtol", "-1", "a", "b"], "expected a tolerance"),
@@ -140,3 +142,45 @@ def test_the_report_shows_the_verdict_the_tensors_and_both_lines(order):
     assert "Tensors compared by value" in dom and "x tolerance" in dom
     assert "aten.flip" in dom and f"{SCRIPT}:{_line_of('REVERSED-SUM')}" in dom
     assert "<polyline" in dom and network_references(page.read_text()) == []
+
+
+def test_an_end_state_without_values_is_not_called_equivalent(order, tmp_path, capsys):
+    """The pair again, as if recorded with --values-budget 0 (no snapshots): the losses agree within rtol=1e-4,
+    but the differing parameters cannot be measured, so the verdict is diverged and says why (it was equivalent)."""
+    import shutil
+
+    runs = []
+    for run in order[1]["runs"]:
+        copy = tmp_path / Path(run).parent.name
+        shutil.copytree(run, copy)
+        shutil.rmtree(copy / "values")
+        runs.append(str(copy))
+    assert main(["compare", "--json", "--rtol", "1e-4", "--out", str(tmp_path / "nv"), *runs]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    measured = {d["kind"] for d in doc["differences"] if d["max_abs"] is not None}
+    assert doc["verdict"] == "diverged" and measured <= {"loss"}
+    first = doc["first_out_of_tolerance"]
+    assert first["kind"] == "params" and first["within"] is False
+    assert first["reason"].startswith("no values of it were kept (values budget)")
+
+
+def test_an_out_over_a_run_it_reads_is_refused_and_the_run_kept(order, tmp_path, capsys):
+    run_a, run_b = order[1]["runs"]
+    before = (Path(run_a) / "manifest.json").read_bytes()
+    for out in (run_a, str(Path(run_a).parent), str(Path(run_a) / "sub")):
+        assert main(["compare", "--json", "--out", out, run_a, run_b]) == 2
+        doc = json.loads(capsys.readouterr().out)
+        assert f"--out {out} overlaps run directory A ({run_a}): compare would write over the run it reads" \
+            in doc["error"]
+    assert (Path(run_a) / "manifest.json").read_bytes() == before and not (Path(run_a) / "sub").exists()
+
+
+def test_a_damaged_run_directory_is_refused_before_the_other_command_runs(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text('{"format": "torchrepro-run", "vers')
+    assert main(["compare", "--json", "--out", str(tmp_path / "o"), str(bad), "python -c 1"]) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert "manifest.json: is not valid JSON" in doc["error"] and "command B" not in captured.err
+    assert not (tmp_path / "o").exists()

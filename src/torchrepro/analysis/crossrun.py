@@ -287,8 +287,23 @@ def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
     if check.verdict == "identical":
         return result
     result.entries, result.final_step = _entries(a, b, tol)
+    if not tol.bitwise:
+        _end_state_unverified(result.entries, result.final_step)
     result.verdict = "diverged" if tol.bitwise or result.first_out is not None else "equivalent"
     return result
+
+
+UNVERIFIED = ("no values of it were kept (values budget), so it cannot be shown to be within the tolerance; raise "
+              "--values-budget")
+
+
+def _end_state_unverified(entries: list[Entry], final_step: int) -> None:
+    """Steps between snapshots may be compared bitwise only, but not the end: a parameter that differs at the last
+    step (or in the final parameters) without values to measure makes the verdict ``diverged``, saying why, rather
+    than ``equivalent`` on the strength of the losses alone."""
+    for e in entries:
+        if e.kind == "params" and e.step >= final_step - 1 and e.delta is None and e.reason is None:
+            e.reason = UNVERIFIED
 
 
 def _command(run: Run) -> str:

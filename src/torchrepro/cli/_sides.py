@@ -42,8 +42,12 @@ def parse_side(label: str, text: str) -> Side:
     ({'OMP_NUM_THREADS': '1'}, ['python', 't.py', '--x', 'a b'])
     """
     path = Path(text)
-    if path.is_dir() and (path / MANIFEST).exists():
-        return Side(label, text, recorded=path)
+    if text.strip() and path.is_dir():
+        if (path / MANIFEST).exists():
+            return Side(label, text, recorded=path)
+        raise CommandError(f"{label} {text!r} is a directory but not a run directory (it holds no {MANIFEST}); "
+                           "expected a quoted command line such as 'python train.py' or a directory recorded by "
+                           "`torchrepro run --record DIR`.")
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -56,7 +60,10 @@ def parse_side(label: str, text: str) -> Side:
     if not words:
         raise CommandError(f"command {label} {text!r} holds no command; expected a quoted command line such as "
                            "'python train.py --lr 0.1' (or a run directory recorded by `torchrepro run --record`).")
-    parse_python_command(words)  # a bad command is refused before any directory is made
+    try:
+        parse_python_command(words)  # a bad command is refused before any directory is made
+    except CommandError as exc:
+        raise CommandError(f"command {label} (`{text.strip()}`): {exc}") from None
     return Side(label, text, words, env)
 
 

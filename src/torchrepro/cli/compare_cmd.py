@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.io import atomic_write_json
-from ..record.launcher import LaunchOptions
+from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUES_ENV, load_run
 from ._checkrun import WriteErrors, environment_differences, output_dir, print_verdict, saved
-from ._sides import parse_side, record_side
+from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
 from .run_cmd import positive_int, seed_arg, size_arg
 
@@ -110,6 +110,10 @@ def tolerance(args: argparse.Namespace) -> Tolerance:
 
 def run(args: argparse.Namespace) -> int:
     sides = [parse_side("A", args.command_a), parse_side("B", args.command_b)]
+    refuse_overlap(sides, args.out)
+    for side in sides:  # a recorded run is read in full before anything runs
+        if side.recorded is not None:
+            load_run(side.recorded)
     out = output_dir(args.out, "compare")
     opts = launch_options(args)
     with lock_dir(out):
@@ -125,6 +129,20 @@ def run(args: argparse.Namespace) -> int:
 
             located = locate_sides(sides, runs, result, out, opts, args.locate_steps, errors)
         return finish(result, out, runs, as_json=args.json, located=located, errors=errors)
+
+
+def refuse_overlap(sides: list[Side], out: str | None) -> None:
+    """A recorded run given as A or B must not lie in ``--out`` (it would be replaced) nor hold it."""
+    if out is None:
+        return
+    target = Path(out).resolve()
+    for side in sides:
+        if side.recorded is None:
+            continue
+        run = side.recorded.resolve()
+        if run == target or target in run.parents or run in target.parents:
+            raise CommandError(f"--out {out} overlaps run directory {side.label} ({side.recorded}): compare would "
+                               "write over the run it reads. Pass an --out outside it.")
 
 
 # What differs between two commands' launches by construction, not in their environments
