@@ -184,3 +184,32 @@ def test_a_damaged_run_directory_is_refused_before_the_other_command_runs(tmp_pa
     doc = json.loads(captured.out)
     assert "manifest.json: is not valid JSON" in doc["error"] and "command B" not in captured.err
     assert not (tmp_path / "o").exists()
+
+
+SNAPSHOT_SCRIPT = """import os, torch
+torch.manual_seed(0)
+m = torch.nn.Linear(8, 1)
+if os.path.exists("snap.pt"):
+    m.load_state_dict(torch.load("snap.pt", weights_only=True))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+for _ in range(2):
+    opt.zero_grad(); ((m(x) - y) ** 2).mean().backward(); opt.step()
+torch.save(m.state_dict(), "snap.pt")
+"""
+
+
+def test_b_reading_what_a_wrote_in_the_working_directory_is_the_cause(tmp_path):
+    """As check does: B starts from A's snapshot.pt, so the divergence is blamed on the shared directory (it was
+    blamed on initial weights)."""
+    (tmp_path / "train.py").write_text(SNAPSHOT_SCRIPT)
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "compare", "--json", "--out", str(tmp_path / "o"),
+                        "python train.py", "python train.py"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1 and doc["verdict"] == "diverged", p.stderr
+    assert doc["cause"] == "shared-working-directory"
+    assert doc["explanation"].startswith("B read what A wrote in the working directory both commands ran in: "
+                                         "B opened snap.pt (created by A).")
+    assert doc["working_directory"]["read_from_earlier_run"][0]["path"] == "snap.pt"
+    assert doc["working_directory"]["cause_otherwise"] == "initial-weights"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..record.store import Run
-from .compare import KINDS, LABELS, CheckResult, compare_runs
+from .compare import KINDS, LABELS, SHARED_CWD, CheckResult, compare_runs, note_shared_workdir
 from .tolerance import Tolerance, ValueDelta, scalar_delta, value_delta
 
 SCHEMA = "torchrepro.compare/1"
@@ -56,6 +56,11 @@ CAUSES: dict[str, tuple[str, str]] = {
     "steps": (
         "Every recorded value matches, but the commands ran different numbers of steps.",
         "Give both the same number of steps (`--max-steps K`), or look for loop bounds that differ.",
+    ),
+    "shared-working-directory": (
+        "B read what A wrote in the working directory both commands ran in: {files}. The commands did not start "
+        "from the same state, so this comparison does not show what the change does to the numerics.",
+        "Delete those files before each command, or point the script's output elsewhere, then compare again.",
     ),
 }
 VERDICT_EXIT = {"identical": 0, "equivalent": 0, "diverged": 1}
@@ -160,6 +165,27 @@ class CompareResult:
     def cause(self) -> str | None:
         return self.check.cause if self.verdict != "identical" else None
 
+    @property
+    def explanation(self) -> str | None:
+        """The cause's explanation, with the files B read from A for a shared working directory."""
+        cause = self.cause
+        if cause is None:
+            return None
+        shared = (self.check.working_directory or {}).get("read_from_earlier_run") or []
+        files = ", ".join(f"B {s['how']} {s['path'] if s['path'] != '.' else 'the working directory'} "
+                          f"({s['change']} by A)" for s in shared[:5]) + (" ..." if len(shared) > 5 else "")
+        return CAUSES[cause][0].format(files=files) if cause == SHARED_CWD else CAUSES[cause][0]
+
+    @property
+    def warning(self) -> str | None:
+        """For a verdict that stands although B read what A wrote: the same explanation, as a warning."""
+        shared = (self.check.working_directory or {}).get("read_from_earlier_run")
+        if not shared or self.cause == SHARED_CWD:
+            return None
+        files = ", ".join(f"{s['path']} ({s['change']} by A)" for s in shared[:5])
+        return (f"B read what A wrote in the working directory both commands ran in ({files}); the commands did not "
+                f"start from the same state. {CAUSES[SHARED_CWD][1]}")
+
     def to_json(self) -> dict[str, Any]:
         def where(e: Entry | None) -> dict[str, Any] | None:
             return e.to_json() if e is not None else None
@@ -181,7 +207,8 @@ class CompareResult:
             "per_step": {str(k): v for k, v in self.per_step().items()},
             "differences": [e.to_json() for e in self.entries],
             "compiled": {"a": self.compiled[0], "b": self.compiled[1]},
-            "cause": cause, "explanation": CAUSES[cause][0] if cause else None,
+            "cause": cause, "explanation": self.explanation, "warning": self.warning,
+            "working_directory": self.check.working_directory,
             "action": CAUSES[cause][1] if cause else None, "bitwise": bitwise,
         }
 
@@ -272,16 +299,19 @@ def _entries(a: Run, b: Run, tol: Tolerance) -> tuple[list[Entry], int]:
 
 
 def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
-                     commands: list[str] | None = None) -> CompareResult:
+                     commands: list[str] | None = None, workdir: dict[str, Any] | None = None) -> CompareResult:
     """Compare the runs of two commands: bitwise step by step, then every differing value within ``tol``.
 
     Verdict ``identical`` (bitwise), ``equivalent`` (every value compared within tolerance; steps without
     snapshots are listed in ``bitwise_only``) or ``diverged`` (a value out of tolerance, other data, another
-    number of steps; with ``tol.bitwise``, any difference).
+    number of steps; with ``tol.bitwise``, any difference). ``workdir``: the watch on the working directory both
+    commands ran in (``WorkdirWatch.to_json``); when B read what A wrote there, a divergence is blamed on that.
     """
     tol = tol or Tolerance()
     a, b = plain_names(run_a), plain_names(run_b)
     check = compare_runs([a, b], one_command=False)
+    if workdir is not None:
+        note_shared_workdir(check, workdir)
     result = CompareResult(check, tol, commands or [_command(run_a), _command(run_b)],
                            compiled=[list(r.manifest.get("compiled") or []) for r in (run_a, run_b)])
     if check.verdict == "identical":
@@ -289,7 +319,8 @@ def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
     result.entries, result.final_step = _entries(a, b, tol)
     if not tol.bitwise:
         _end_state_unverified(result.entries, result.final_step)
-    result.verdict = "diverged" if tol.bitwise or result.first_out is not None else "equivalent"
+    result.verdict = ("diverged" if tol.bitwise or result.first_out is not None or check.cause == SHARED_CWD
+                      else "equivalent")
     return result
 
 

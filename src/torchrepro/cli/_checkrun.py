@@ -214,7 +214,7 @@ class Isolation:
 
 def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
                  isolation: Isolation | None = None, *, stop_after: int | None = None,
-                 parallel: bool = False, prestart: bool = True) -> list[Path]:
+                 parallel: bool = False, prestart: bool = True, number: int = 1) -> list[Path]:
     """Run ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run.
 
     ``out`` must already be checked (:func:`~torchrepro.record.outdir.check_check_dir`) and locked by the caller.
@@ -222,7 +222,8 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
     ``stop_after``: each later run is compared with run 1 as it records and stopped that many steps after its
     first divergence (None: every run runs to its end). ``parallel``: all runs at once (:mod:`._parallel`), all
     stopped ``stop_after`` steps after the first divergence of any. ``prestart``: start run i+1's interpreter
-    while run i runs, held before its script until run i has ended (:class:`Prestarted`).
+    while run i runs, held before its script until run i has ended (:class:`Prestarted`). ``number``: the first
+    run's number as ``isolation`` counts runs (``compare`` records A and B as runs 1 and 2 of one watch).
     """
     parse_python_command(command)  # validate before starting anything
     prefetch_analysis()
@@ -243,7 +244,7 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
     def prepared(i: int) -> tuple[list[str], LaunchOptions]:
         run_dir = dirs[i - 1]
         prepare_run(run_dir)
-        opts_i = isolation.options(i, out, run_dir, opts)
+        opts_i = isolation.options(i + number - 1, out, run_dir, opts)
         if stop_after is not None and i > 1:
             opts_i = dataclasses.replace(opts_i, divergence_stop=stop_plan([dirs[0], run_dir], 1, stop_after,
                                                                            numbers=[1, i]))
@@ -262,7 +263,7 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
             else:
                 result = launch_run(command, run_dir, opts_i, progress, isolation, i, run_command=run_command)
             waiting = following if prestart and i < n else None
-            check_run_result(i, n, result, run_dir, isolation.run_done(i, run_dir))
+            check_run_result(i, n, result, run_dir, isolation.run_done(i + number - 1, run_dir))
     return dirs
 
 

@@ -110,11 +110,13 @@ def render_compare(result: CompareResult, *, environment: str | None = None,
             lines += ["", only]
         cause = result.cause
         if cause:
-            lines += ["", f"Cause: {cause} - {CAUSES[cause][0]}"]
+            lines += ["", f"Cause: {cause} - {result.explanation}"]
             if located is None:
                 lines.append(f"Next:  {CAUSES[cause][1]}")
     for note in check.notes:
         lines.append(f"Note:  {note}")
+    if result.warning:
+        lines.append(f"Warning: {result.warning}")
     if environment:
         lines += ["", environment]
     if located is not None:

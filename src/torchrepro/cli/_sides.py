@@ -13,7 +13,7 @@ from pathlib import Path
 from .._core.errors import ScriptError
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
 from ..record.store import MANIFEST
-from ._checkrun import execute_runs
+from ._checkrun import Isolation, execute_runs
 
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -75,14 +75,16 @@ def side_error(side: Side, exc: ScriptError) -> ScriptError:
     return new
 
 
-def record_side(side: Side, where: Path, opts: LaunchOptions, *, quiet: bool = False) -> Path:
-    """Run ``side``'s command once, recorded into ``where/run1``; a run directory is used as it is."""
+def record_side(side: Side, where: Path, opts: LaunchOptions, *, quiet: bool = False,
+                isolation: Isolation | None = None, number: int = 1) -> Path:
+    """Run ``side``'s command once, recorded into ``where/run1``; a run directory is used as it is.
+    ``isolation``: a watch on the working directory shared by both sides, this side being its run ``number``."""
     if side.recorded is not None:
         return side.recorded
     if not quiet:
         print(f"torchrepro: command {side.label}: `{side.shown}`", file=sys.stderr, flush=True)
     opts = dataclasses.replace(opts, extra_env={**opts.extra_env, **side.env}, cwd=side.cwd or opts.cwd)
     try:
-        return execute_runs(side.argv, where, 1, opts)[0]
+        return execute_runs(side.argv, where, 1, opts, isolation, number=number)[0]
     except ScriptError as exc:
         raise side_error(side, exc) from None

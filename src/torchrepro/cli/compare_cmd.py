@@ -22,7 +22,7 @@ from .._core.io import atomic_write_json
 from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUES_ENV, load_run
-from ._checkrun import WriteErrors, environment_differences, output_dir, print_verdict, saved
+from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir, print_verdict, saved
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
 from .run_cmd import positive_int, seed_arg, size_arg
@@ -117,11 +117,16 @@ def run(args: argparse.Namespace) -> int:
     out = output_dir(args.out, "compare")
     opts = launch_options(args)
     with lock_dir(out):
-        dirs = [record_side(side, out / side.label.lower(), opts) for side in sides]
+        # both commands run in this directory: B reading what A wrote there would void the comparison
+        both = all(side.recorded is None for side in sides)
+        isolation = Isolation.for_check(False, out) if both else None
+        dirs = [record_side(side, out / side.label.lower(), opts, isolation=isolation, number=k)
+                for k, side in enumerate(sides, start=1)]
         from ..analysis.crossrun import compare_commands
 
         runs = [load_run(d) for d in dirs]
-        result = compare_commands(runs[0], runs[1], tolerance(args), commands=[s.shown for s in sides])
+        result = compare_commands(runs[0], runs[1], tolerance(args), commands=[s.shown for s in sides],
+                                  workdir=isolation.to_json() if isolation is not None else None)
         errors: WriteErrors = []
         located = None
         if args.locate:
