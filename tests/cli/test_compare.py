@@ -64,7 +64,7 @@ def test_summation_order_diverges_at_step_1_and_locate_names_both_lines(order):
     rc, doc, err = order
     assert rc == 1, err
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "compute"
-    assert doc["tolerance"]["bitwise"] is True
+    assert doc["tolerance"]["bitwise"] is True and doc["action"] is None  # located: no advice to locate
     loc = doc["locate"]
     assert loc["verdict"] == "program" and loc["traced_steps"] == [1]
     cause, op = loc["cause"], loc["op"]
@@ -90,6 +90,12 @@ def test_the_same_pair_within_a_tolerance_is_equivalent(order, tmp_path, capsys)
     assert main(["compare", "--out", str(tmp_path / "bw"), *runs]) == 1
     text = capsys.readouterr().out
     assert "DIVERGED at step 1" in text and "`--rtol dtype` would accept them" in text
+    assert f"Next:  `torchrepro compare --locate {runs[0]} {runs[1]}` names the first op" in text
+    assert "within what you accept." in text
+    # within a tolerance, the advice no longer offers one
+    assert main(["compare", "--json", "--rtol", "1e-4", "--out", str(tmp_path / "eq2"), *runs]) == 0
+    action = json.loads(capsys.readouterr().out)["action"]
+    assert action.endswith("with its module and source line on both sides.") and "--rtol" not in action
 
 
 def test_locate_text_from_recorded_traces(order, tmp_path, capsys):
@@ -100,6 +106,8 @@ def test_locate_text_from_recorded_traces(order, tmp_path, capsys):
     assert "Locate: the programs differ: B runs an op A does not" in text
     assert "aten.flip" in text and f"{SCRIPT}:{_line_of('REVERSED-SUM')}" in text
     assert f"{SCRIPT}:{_line_of('FORWARD-SUM')}" in text
+    # the outputs differ; the tolerance line must not read as if they did not
+    assert "the difference comes from the program difference above" in text and "Within the" not in text
 
 
 def test_eager_vs_compiled_names_the_compiled_kernel(started):

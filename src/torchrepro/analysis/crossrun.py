@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,8 @@ CAUSES: dict[str, tuple[str, str]] = {
         "The same parameters and data gave different results: the two commands compute differently: another op "
         "or order of operations, precision (dtype, autocast, TF32), kernels (threads, deterministic mode, "
         "device) or torch.compile's generated code.",
-        "`torchrepro compare --locate 'A' 'B'` names the first op that computes differently, with its module and "
-        "source line on both sides; `--rtol/--atol` say whether the difference is within what you accept.",
+        "`torchrepro compare --locate {a} {b}` names the first op that computes differently, with its module and "
+        "source line on both sides{tolerance}.",
     ),
     "steps": (
         "Every recorded value matches, but the commands ran different numbers of steps.",
@@ -177,6 +178,17 @@ class CompareResult:
         return CAUSES[cause][0].format(files=files) if cause == SHARED_CWD else CAUSES[cause][0]
 
     @property
+    def action(self) -> str | None:
+        """What to do next, with this comparison's own command lines."""
+        cause = self.cause
+        if cause is None:
+            return None
+        tolerance = ("; `--rtol/--atol` say whether the difference is within what you accept"
+                     if self.tolerance.bitwise else "")
+        a, b = (shlex.quote(c) for c in self.commands)
+        return CAUSES[cause][1].format(a=a, b=b, tolerance=tolerance)
+
+    @property
     def warning(self) -> str | None:
         """For a verdict that stands although B read what A wrote: the same explanation, as a warning."""
         shared = (self.check.working_directory or {}).get("read_from_earlier_run")
@@ -209,7 +221,7 @@ class CompareResult:
             "compiled": {"a": self.compiled[0], "b": self.compiled[1]},
             "cause": cause, "explanation": self.explanation, "warning": self.warning,
             "working_directory": self.check.working_directory,
-            "action": CAUSES[cause][1] if cause else None, "bitwise": bitwise,
+            "action": self.action, "bitwise": bitwise,
         }
 
 

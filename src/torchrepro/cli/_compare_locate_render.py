@@ -42,6 +42,9 @@ def _tolerance_lines(doc: dict[str, Any]) -> list[str]:
     if op is None:
         unknown = doc.get("compared_bitwise_only") or 0
         tail = f" ({unknown} op(s) could be compared bitwise only: no values kept)" if unknown else ""
+        if doc.get("verdict") == "program":  # the values part where the programs do, not in a shared op
+            return [f"  No op that both commands run gave outputs past the {scope} from inputs within it: the "
+                    f"difference comes from the program difference above{tail}."]
         return [f"  Within the {scope}: every aligned op whose inputs agree within it gave outputs within it{tail}."]
     lines = [f"  First op past the {scope} (inputs within it, outputs not):"]
     lines += _site_lines("A", op["a"]) + _site_lines("B", op["b"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.compare import LABELS
-from ..analysis.crossrun import CAUSES, CompareResult, Entry
+from ..analysis.crossrun import CompareResult, Entry
 from ._render import _final_line, _fmt, _names
 
 _HEADS = {"identical": "IDENTICAL", "equivalent": "EQUIVALENT", "diverged": "DIVERGED"}
@@ -112,7 +112,7 @@ def render_compare(result: CompareResult, *, environment: str | None = None,
         if cause:
             lines += ["", f"Cause: {cause} - {result.explanation}"]
             if located is None:
-                lines.append(f"Next:  {CAUSES[cause][1]}")
+                lines.append(f"Next:  {result.action}")
     for note in check.notes:
         lines.append(f"Note:  {note}")
     if result.warning:

@@ -181,6 +181,8 @@ def finish(result: CompareResult, out: Path, runs: list[Any], *, as_json: bool,
     errors = list(errors or [])
     environment, env_doc = environment_between(runs)
     doc = result.to_json() | {"out": str(out), "environment_diff": env_doc, "locate": located}
+    if located is not None:  # the locate section is the answer: no advice to run it
+        doc["action"] = None
     report = write_report(out / REPORT, lambda: compare_report(result, doc, runs, out), errors)
     doc["report"] = str(report) if report else None
     saved(out / "compare.json", lambda: atomic_write_json(out / "compare.json", doc), errors)
