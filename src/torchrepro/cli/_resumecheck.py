@@ -131,8 +131,12 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
 
 
 def _error(message: str, run_dir: Path) -> ScriptError:
-    error = ScriptError(f"{message}\nLast lines of its stderr ({run_dir / 'stderr.txt'}):\n"
-                        f"{tail_lines(run_dir / 'stderr.txt')}")
+    """The error, with the last lines of the run's stderr when it wrote any (the script ran fine: they may say why
+    it stopped where it did)."""
+    tail = tail_lines(run_dir / "stderr.txt")
+    if tail not in ("(empty)", "(no output captured)"):
+        message = f"{message}\nLast lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail}"
+    error = ScriptError(message)
     error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
     return error
 
