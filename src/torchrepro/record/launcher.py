@@ -424,6 +424,14 @@ def interrupt_all(signum: int, *, forward: bool = True) -> None:
             fwd.forward(signum)
 
 
+def _how_it_ended(returncode: int) -> str:
+    """``it ended on SIGTERM`` for a negative return code (killed by a signal), else ``exit status N``."""
+    try:
+        return f"it ended on {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
 def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = None,
            stderr: IO[Any] | None = None, on_poll: Any = None) -> RunResult:
     """Run ``command`` recorded into ``opts.record``; write the manifest; return the outcome.
@@ -494,8 +502,9 @@ def _supervise(fwd: _SignalForwarder, command: list[str], opts: LaunchOptions, s
     if fwd.received is not None:
         name = signal.Signals(fwd.received).name
         where = f"; the partial recording is in {opts.record}" if opts.record else ""
+        ended = _how_it_ended(proc.returncode)
         raise Interrupted(fwd.received, f"interrupted by {name}: stopped the script `{' '.join(command)}` "
-                                        f"(exit status {proc.returncode}){where}.")
+                                        f"({ended}){where}.")
     return result
 
 
