@@ -358,18 +358,18 @@ def test_an_interrupt_while_records_are_encoded_loses_none(tmp_path, monkeypatch
 
     from torchrepro.record import optrace
 
-    real, calls = optrace._encode, []
+    real, calls = optrace._fps_json, []
 
-    def encode(entry):
-        calls.append(entry["i"])
+    def encode(fps):  # called for every record's fingerprint lists while the batch is encoded
+        calls.append(fps)
         if len(calls) == 5:
             signal.raise_signal(signal.SIGUSR1)  # the handler raises: a Ctrl-C in the middle of a batch
-        return real(entry)
+        return real(fps)
 
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(optrace, "_encode", encode)
+    monkeypatch.setattr(optrace, "_fps_json", encode)
     previous = signal.signal(signal.SIGUSR1, interrupt)
     try:
         x = torch.ones(4)
@@ -381,6 +381,7 @@ def test_an_interrupt_while_records_are_encoded_loses_none(tmp_path, monkeypatch
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert not tracer.active
+    assert len(calls) == 40  # the interrupt came in the middle of the batch, which was encoded to its end
     assert [op["i"] for op in optrace.read_ops(tmp_path / "ops.jsonl")] == list(range(20))
     assert [op["i"] for op in tracer.ops] == list(range(20))
 
