@@ -196,3 +196,31 @@ def test_diff_bad_run_dirs(recorded, tmp_path):
     (badvalues / "values" / "final.pt").write_bytes(b"garbage")
     p = diff(str(badvalues), str(recorded / "r2"))
     assert p.returncode == 2 and "final.pt: cannot be read" in p.stderr
+
+
+VALIDATION_SCRIPT = """import os, torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+train = DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+# validation in an order no seed fixes: it never touches the weights
+unseeded = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+val = DataLoader(data, batch_size=8, shuffle=True, generator=unseeded)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in train:
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+    with torch.no_grad():
+        for vx, vy in val:
+            model(vx)
+"""
+
+
+def test_batches_fetched_with_autograd_off_are_not_training_data(tmp_path):
+    """A validation loop (autograd off) in an unseeded order: the training is identical, and so is the verdict
+    (its batches were recorded as the step's data: DIVERGED, cause data)."""
+    script = tmp_path / "train.py"
+    script.write_text(VALIDATION_SCRIPT)
+    rc, doc, err = check(tmp_path, script=str(script))
+    assert rc == 0 and doc["verdict"] == "identical", err
+    assert doc["steps"] == [4, 4]

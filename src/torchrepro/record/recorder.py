@@ -671,7 +671,9 @@ class Recorder:
                 return batch
             loader = getattr(it, "_torchrepro_loader", None)
             indices = it.__dict__.get("_torchrepro_indices")
-            if _unrecorded[0]:  # loaded to be dropped (a resume's replay): not a batch the training sees
+            # loaded to be dropped (a resume's replay), or fetched with autograd off (a validation loop, Lightning's
+            # sanity check, which a resumed run does not repeat): not a batch the training sees
+            if _unrecorded[0] or not _grad_enabled():
                 if indices:
                     indices.popleft()
                 return batch
@@ -816,6 +818,7 @@ class Recorder:
 
 
 _unrecorded = [0]  # > 0 inside unrecorded_batches()
+_grad_enabled = torch.is_grad_enabled
 
 
 @contextlib.contextmanager
