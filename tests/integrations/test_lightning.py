@@ -197,6 +197,42 @@ def test_a_damaged_callback_state_is_refused(runs, tmp_path):
 
 
 @needs_lightning
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda c: c["callbacks"]["ReproducibleCallback"].update(rng=["garbage"]),
+     "holds damaged RNG states in its ReproducibleCallback state (is not a valid RNG state"),
+    (lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"][0].update(batches_consumed=50),
+     "is damaged or was written by another version: train dataloader 0 consumed 50 batches of an epoch of 3"),
+])
+def test_damaged_rng_states_and_positions_are_refused_as_damaged(runs, tmp_path, edit, message):
+    """Refused before the first step with ResumeMismatchError (a CheckpointError), saying to use an intact
+    checkpoint; they were a StateFileError, and a position past the epoch's end trained on silently."""
+    from torchrepro.integrations.lightning import ResumeMismatchError
+
+    ckpt = torch.load(runs["dir"] / "cb.ckpt", weights_only=False)
+    edit(ckpt)
+    torch.save(ckpt, tmp_path / "edited.ckpt")
+    with pytest.raises(ResumeMismatchError) as info:
+        _train(["--resume", str(tmp_path / "edited.ckpt"), "--callback"])
+    assert message in str(info.value) and "Resume from an intact checkpoint" in str(info.value)
+
+
+@needs_lightning
+def test_gradient_accumulation_changed_or_cut_is_refused(runs, tmp_path):
+    from torchrepro.integrations.lightning import ResumeMismatchError
+
+    with pytest.raises(ResumeMismatchError, match="accumulate_grad_batches: saved 1, this run 2"):
+        _train(["--resume", str(runs["dir"] / "cb.ckpt"), "--callback", "--accumulate", "2"])
+    # saved after the 3rd batch of 6, between the optimizer steps of accumulate_grad_batches=2: the gradient of
+    # batch 3 is not in the checkpoint (it resumed silently to other weights)
+    ckpt = str(tmp_path / "mid.ckpt")
+    accumulate = ["--callback", "--accumulate", "2", "--samples", "24", "--steps", "3"]
+    _train(["--save-at", "1", "--ckpt", ckpt, *accumulate])
+    with pytest.raises(ResumeMismatchError, match=r"was saved after batch 3 of epoch 0, in the middle of a gradient "
+                       r"accumulation \(accumulate_grad_batches=2\): the gradients of the last 1 batch"):
+        _train(["--resume", ckpt, *accumulate])
+
+
+@needs_lightning
 def test_a_truncated_or_missing_checkpoint_fails_in_lightning(runs, tmp_path):
     data = (runs["dir"] / "cb.ckpt").read_bytes()
     (tmp_path / "cut.ckpt").write_bytes(data[: len(data) // 2])

@@ -314,3 +314,14 @@ def test_the_module_needs_transformers_and_torchrepro_does_not_import_it() -> No
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "IMPORT-ERROR" in proc.stdout and "pip install torchrepro[transformers]" in proc.stdout
+
+
+def test_damaged_rng_states_are_a_checkpoint_error(runs: dict[str, dict], root: Path, tmp_path: Path) -> None:
+    """A checksum-valid state whose RNG entry is garbage: CheckpointError with the checkpoint's advice (it was a
+    StateFileError, which `except CheckpointError` did not catch, advising torchrepro.save_rng_state())."""
+    saved = json.loads((root / "straight" / "checkpoint-3" / state_file_name(0)).read_text())["state"]
+    path = tmp_path / state_file_name(0)
+    write_state(path, {**saved, "rng": {"junk": 1}})
+    with pytest.raises(CheckpointError, match=r"holds damaged RNG states \(") as info:
+        read_state(path)
+    assert "Use another checkpoint" in str(info.value) and "save_rng_state" not in str(info.value)

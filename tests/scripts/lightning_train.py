@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> Net:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--devices", type=int, default=1, help="ranks of DDP on CPU (torchrun: its WORLD_SIZE)")
     ap.add_argument("--sanity", type=int, default=0, help="Lightning's num_sanity_val_steps (validation before fit)")
+    ap.add_argument("--accumulate", type=int, default=1, help="Lightning's accumulate_grad_batches")
     args = ap.parse_args(argv)
 
     pl.seed_everything(args.seed, workers=True, verbose=False)
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> Net:
         max_steps=args.steps, accelerator="cpu", devices=ranks, strategy="ddp" if ranks > 1 else "auto",
         deterministic=True, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=args.sanity,
+        accumulate_grad_batches=args.accumulate,
         val_check_interval=4, check_val_every_n_epoch=None, limit_val_batches=1,
     )
     model = Net(args.batch_size, args.workers, args.samples)

@@ -48,7 +48,7 @@ except ModuleNotFoundError as _exc:  # fall back to the older namespace, then fa
 
 import torch
 
-from .._core.errors import CheckpointError
+from .._core.errors import CheckpointError, StateFileError
 from ..control._seeds import derive_seed, seed_from_env, validate_seed
 from ..control.rng import RNGState
 from ..record.recorder import unrecorded_batches
@@ -74,6 +74,10 @@ LIGHTNING_API = (
 
 # the loader settings a resume must share with the saving run, and the callback's own
 _LOADER_KEYS = ("batch_size", "dataset_len", "batches_per_epoch", "drop_last", "sampler", "num_workers")
+
+
+_DAMAGED = ("Resume from an intact checkpoint saved with ReproducibleCallback (an earlier one, or save again), or "
+            "start a new run without ckpt_path.")
 
 
 class ResumeMismatchError(CheckpointError):
@@ -383,7 +387,8 @@ class ReproducibleCallback(pl.Callback):
         state = self._rng_to_restore or RNGState.capture()  # not yet restored after a resume: the saved one
         texts = _gather_text(trainer, json.dumps(state.to_dict()))
         return {"format": FORMAT, "version": VERSION, "seed": self.seed, "world_size": trainer.world_size,
-                "train_loaders": len(self._loaders), "rng": [json.loads(t) for t in texts]}
+                "train_loaders": len(self._loaders), "rng": [json.loads(t) for t in texts],
+                "accumulate_grad_batches": trainer.accumulate_grad_batches}
 
     # --- resuming ----------------------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -403,27 +408,58 @@ class ReproducibleCallback(pl.Callback):
                                 "the RNG states and the data position needed to continue bit for bit are missing.",
                                 "Resume from a checkpoint saved with the callback, or remove ReproducibleCallback "
                                 "to resume the way Lightning does without it (not bit for bit).")
-        problems = _state_problems(saved) or self._config_problems(trainer, saved)
+        damaged = _state_problems(saved) or self._damaged_positions()
+        if damaged:
+            raise _resume_error(trainer, "holds a ReproducibleCallback state that is damaged or was written by "
+                                "another version: " + "; ".join(damaged) + ".", _DAMAGED)
+        source = f"{trainer.ckpt_path} (RNG states)"
+        try:
+            states = [RNGState.from_dict(entry, source=source) for entry in saved["rng"]]
+            for state in states:
+                state.check(source=source)
+        except StateFileError as exc:
+            raise _resume_error(trainer, f"holds damaged RNG states in its ReproducibleCallback state ({exc.problem})"
+                                ".", _DAMAGED) from None
+        problems = self._config_problems(trainer, saved)
         if problems:
             raise _resume_error(trainer, "cannot be continued bit for bit by this run: " + "; ".join(problems) + ".",
                                 "Resume with the settings of the run that saved it (seed, devices, batch size, "
-                                "dataset), or start a new run without ckpt_path.")
-        rng = RNGState.from_dict(saved["rng"][trainer.global_rank], source=f"{trainer.ckpt_path} (RNG states)")
-        rng.check(source=f"{trainer.ckpt_path} (RNG states)")
-        self._rng_to_restore, self._resume_pending = rng, True
+                                "gradient accumulation, dataset), or start a new run without ckpt_path.")
+        self._rng_to_restore, self._resume_pending = states[trainer.global_rank], True
+
+    def _damaged_positions(self) -> list[str]:
+        """Saved positions that no run could have written (more batches consumed than an epoch has)."""
+        problems = []
+        for i, loader in enumerate(self._loaders):
+            pending = loader.pending
+            if pending is None:
+                continue
+            per_epoch = pending.get("batches_per_epoch")
+            if isinstance(per_epoch, int) and pending["batches_consumed"] > per_epoch:
+                problems.append(f"train dataloader {i} consumed {pending['batches_consumed']} batches of an epoch of "
+                                f"{per_epoch}")
+        return problems
 
     def _config_problems(self, trainer: Any, saved: dict[str, Any]) -> list[str]:
         """Every difference between the saving run and this one."""
         problems = []
         if saved["seed"] != self.seed:
-            problems.append(f"seed: saved {saved['seed']}, this run {self.seed}")
+            problems.append(f"seed: saved {saved['seed']!r}, this run {self.seed!r}")
         if saved["world_size"] != trainer.world_size:
-            problems.append(f"world size: saved {saved['world_size']}, this run {trainer.world_size}")
+            problems.append(f"world size: saved {saved['world_size']!r}, this run {trainer.world_size!r}")
         if saved["train_loaders"] != len(self._loaders):
-            problems.append(f"train dataloaders: saved {saved['train_loaders']}, this run {len(self._loaders)}")
+            problems.append(f"train dataloaders: saved {saved['train_loaders']!r}, this run {len(self._loaders)}")
+        accumulate = saved.get("accumulate_grad_batches", trainer.accumulate_grad_batches)  # absent: older state
+        if accumulate != trainer.accumulate_grad_batches:
+            problems.append(f"accumulate_grad_batches: saved {accumulate!r}, this run "
+                            f"{trainer.accumulate_grad_batches!r}")
         for i, loader in enumerate(self._loaders):
             if loader.pending is None:
-                problems.append(f"train dataloader {i}: the checkpoint holds no position for it")
+                problems.append(f"train dataloader {i}: Lightning did not hand back the data position the checkpoint "
+                                "holds (it restores a loader's position only when it resumes an unfinished epoch; a "
+                                "fit that stopped at max_steps in the middle of an epoch is resumed as finished "
+                                "unless this fit runs under max_steps too: pass max_steps, and a max_epochs large "
+                                "enough)")
                 continue
             mine = _loader_config(loader.loader)
             problems += [f"train dataloader {i} {key}: saved {loader.pending.get(key)!r}, this run {mine[key]!r}"
@@ -445,6 +481,14 @@ class ReproducibleCallback(pl.Callback):
                                     f"{i} had been fetched, but Lightning resumes after batch {ready}: the "
                                     "checkpoint was saved in the middle of a training step.",
                                     "Save from on_train_batch_end (as ModelCheckpoint does) or after fit returns.")
+            accumulate = trainer.accumulate_grad_batches
+            if mid_epoch and consumed % accumulate:
+                raise _resume_error(trainer, f"was saved after batch {consumed} of epoch {epoch}, in the middle of a "
+                                    f"gradient accumulation (accumulate_grad_batches={accumulate}): the gradients of "
+                                    f"the last {consumed % accumulate} batch(es) are not in the checkpoint, so the "
+                                    "resumed run would step without them.",
+                                    "Save at an optimizer step (ModelCheckpoint(every_n_train_steps=...) does), "
+                                    "or resume from such a checkpoint.")
             replayed = loader.replay(trainer.num_training_batches)
             log.info("torchrepro: train dataloader %d resumes epoch %d after %d replayed batches", i, epoch, replayed)
         rng, self._rng_to_restore = self._rng_to_restore, None

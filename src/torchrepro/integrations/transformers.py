@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from .._core.compat import np
-from .._core.errors import CheckpointError
+from .._core.errors import CheckpointError, StateFileError
 from .._core.fingerprint import UnreadableError, fingerprint_object
 from .._core.io import atomic_write_bytes
 from .._core.readjson import check_fields, read_json
@@ -352,9 +352,12 @@ def read_state(path: str | Path) -> SavedState:
     negative = [f"position.{k}={position[k]}" for k in _POSITION_FIELDS if position[k] < 0]
     if negative:
         raise CheckpointError(path, f"is corrupt: {', '.join(negative)} (expected a non-negative integer).", action)
-    rng, epoch_rng = (RNGState.from_dict(state[k], source=f"{path} ({k})") for k in ("rng", "epoch_rng"))
-    for k, value in (("rng", rng), ("epoch_rng", epoch_rng)):
-        value.check(source=f"{path} ({k})")
+    try:
+        rng, epoch_rng = (RNGState.from_dict(state[k], source=f"{path} ({k})") for k in ("rng", "epoch_rng"))
+        for k, value in (("rng", rng), ("epoch_rng", epoch_rng)):
+            value.check(source=f"{path} ({k})")
+    except StateFileError as exc:  # a CheckpointError, with the checkpoint's advice, as for every other field
+        raise CheckpointError(path, f"holds damaged RNG states ({exc.problem}).", action) from None
     return SavedState(path, state["config"], position["global_step"], position["epoch"], position["batches"],
                       state["trainer_state"], state["components"], rng, epoch_rng)
 
@@ -569,7 +572,10 @@ class ReproducibleCallback(TrainerCallback):
         if expect != (saved.epoch, saved.batches):
             hint = " (ignore_data_skip=True restarts the epoch; remove it)" if args.ignore_data_skip else ""
             raise CheckpointError(where, f"was saved at epoch {saved.epoch} after {saved.batches} batches, but "
-                                  f"Trainer resumes at epoch {expect[0]} after {expect[1]} batches{hint}.", _AGAIN)
+                                  f"Trainer resumes at epoch {expect[0]} after {expect[1]} batches{hint}.",
+                                  "Remove ignore_data_skip=True." if hint else
+                                  "Its torchrepro state does not belong to this checkpoint (copied from another one?) "
+                                  "or is damaged: resume from an intact checkpoint saved with ReproducibleCallback.")
         now = _component_digests(kwargs)
         wrong = [k for k, v in saved.components.items() if v is not None and now.get(k) != v]
         if wrong:
