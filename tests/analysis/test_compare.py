@@ -88,6 +88,9 @@ def test_step_count_divergence(tmp_path):
     r = compare_runs(pair(tmp_path, steps=4))
     assert r.verdict == "diverged" and r.cause == "steps" and r.first_step == 4 and r.steps == [3, 4]
     assert kinds(r) == ["steps"] and r.first[0].names == ["run 1: 3 steps", "run 2: 4 steps"]
+    # two commands (compare): named A and B, as everywhere else in its output
+    r = compare_runs(pair(tmp_path / "ab", steps=4), one_command=False)
+    assert r.first[0].names == ["A: 3 steps", "B: 4 steps"]
 
 
 def test_data_and_initial_weight_causes(tmp_path):

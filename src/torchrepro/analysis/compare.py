@@ -339,11 +339,12 @@ def stop_of(run: Run) -> dict[str, Any] | None:
     return stop if isinstance(stop, dict) else None
 
 
-def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
+def _pair_differences(a: Run, b: Run, ia: int, ib: int, labels: tuple[str, str] | None = None) -> list[Difference]:
     """Every kind's first difference between two runs (at most one per kind).
 
     A run that ``check`` stopped after a divergence is compared up to its last step: its final parameters and
-    its number of steps (fewer than the other's) are not differences."""
+    its number of steps (fewer than the other's) are not differences. ``labels``: what to call the two runs
+    (``compare``: A and B), else run numbers."""
     found: dict[str, Difference] = {}
     init_a, init_b = a.of_kind("init"), b.of_kind("init")
     if init_a and init_b:
@@ -370,7 +371,8 @@ def _pair_differences(a: Run, b: Run, ia: int, ib: int) -> list[Difference]:
             if names:
                 found["params"] = Difference("params", max(n, 1), names, (ia, ib))
     if len(sa) != len(sb) and not stop_of(a if len(sa) < len(sb) else b):
-        counts = [f"run {ia + 1}: {len(sa)} steps", f"run {ib + 1}: {len(sb)} steps"]
+        na, nb = labels or (f"run {ia + 1}", f"run {ib + 1}")
+        counts = [f"{na}: {len(sa)} steps", f"{nb}: {len(sb)} steps"]
         found["steps"] = Difference("steps", n + 1, counts, (ia, ib))
     return sorted(found.values(), key=lambda d: (d.step, KINDS.index(d.kind)))
 
@@ -567,7 +569,7 @@ def compare_runs(runs: list[Run], *, one_command: bool = True) -> CheckResult:
             diffs.append(Difference("steps", 1, [f"run 1 steps by {mode}", f"run {i + 1} steps by {other.step_mode}"],
                                     (0, i)))
             continue
-        diffs.extend(_pair_differences(runs[0], other, 0, i))
+        diffs.extend(_pair_differences(runs[0], other, 0, i, None if one_command else ("A", "B")))
     result.losses = [[_loss_value(s, mode) for s in r.steps()] for r in runs]
     result.compiled = _compiled_regions(runs)
     _loss_deltas(result)
