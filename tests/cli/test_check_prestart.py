@@ -112,3 +112,62 @@ def test_sigterm_while_run_1_trains_ends_the_waiting_run_2_too(tmp_path):
     assert processes_naming(str(log)) == []
     assert [e["event"] for e in events(log)] == ["start"]
     assert not (tmp_path / "out" / "run2").exists()
+
+
+OPTIMIZER_SCRIPT = """
+import os
+print("at start:", os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+import torch
+{before}
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.ones(4))
+opt = torch.optim.SGD([w], lr=0.1)  # imports torch._dynamo (1-2 s): run 2 makes that import while it waits
+print("after the optimizer:", os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+scale = 1.0 if os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("mine") else 2.0
+for _ in range(3):
+    opt.zero_grad()
+    loss = (w * w).sum() * scale
+    loss.backward()
+    opt.step()
+"""
+
+
+def check_script(tmp_path: Path, before: str) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    script = tmp_path / "train.py"
+    script.write_text(OPTIMIZER_SCRIPT.format(before=before))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # torch set it in this process
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(tmp_path / "out"), "--",
+                        sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=env)
+    run1, run2 = (json.loads((tmp_path / "out" / r / "manifest.json").read_text()) for r in ("run1", "run2"))
+    return p, run1, run2
+
+
+def printed(tmp_path: Path, run: str) -> list[str]:
+    return (tmp_path / "out" / run / "stdout.txt").read_text().splitlines()
+
+
+def test_run_2_imports_torch_dynamo_while_it_waits_when_run_1_showed_it_may(tmp_path):
+    p, run1, run2 = check_script(tmp_path, before="")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["verdict"] == "identical"
+    assert json.loads((tmp_path / "out" / "run1" / "warm.json").read_text()) == {"modules": ["torch._dynamo"]}
+    assert run2["preimported"] == ["torch._dynamo"] and "preimported" not in run1
+    assert run1["steps"] == run2["steps"] == 3
+    # the variable the import sets is absent at the script's start and set by its optimizer, in both runs
+    lines = printed(tmp_path, "run1")
+    assert lines[0] == "at start: None" and lines[1].startswith("after the optimizer: /")
+    assert printed(tmp_path, "run2") == lines
+
+
+def test_a_script_that_sets_the_environment_before_its_optimizer_gets_no_import_ahead(tmp_path):
+    """The import sets TORCHINDUCTOR_CACHE_DIR unless the script did first: made ahead, run 2's script would find
+    inductor's default in place of its own and scale its loss by 2 (DIVERGED on a script that repeats itself)."""
+    p, run1, run2 = check_script(tmp_path, before="os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', 'mine')")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["verdict"] == "identical"
+    assert not (tmp_path / "out" / "run1" / "warm.json").exists()
+    assert "preimported" not in run2
+    lines = printed(tmp_path, "run1")
+    assert lines == ["at start: None", f"after the optimizer: {tmp_path / 'mine'}"]  # made absolute by inductor
+    assert printed(tmp_path, "run2") == lines
