@@ -249,7 +249,7 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
             opts_i = dataclasses.replace(opts_i, divergence_stop=stop_plan([dirs[0], run_dir], 1, stop_after,
                                                                            numbers=[1, i]))
         if prestart and n > 1:  # run 1 names the slow imports that the runs prestarted after it make early
-            warm = (dirs[0] / WARM).absolute()  # absolute: a run may start in its copy of the cwd (--fresh-cwd)
+            warm = dirs[0] / WARM
             if i == 1:
                 with contextlib.suppress(FileNotFoundError):
                     warm.unlink()  # an earlier check's, in the run directory it replaces
