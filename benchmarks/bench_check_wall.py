@@ -16,10 +16,9 @@ explain the floor: a check pays for two interpreters with torch, a plain run for
 check can come in under 2x on the identical script: its runs freeze the import-time heap before the script starts
 (launcher.freeze_heap), so neither the garbage collections during training nor those of interpreter shutdown walk
 torch's ~200k import-time objects, which a plain run pays for.
-torchrepro is byte-compiled first, as an installed copy is. The CPU seconds of each command (all its
-processes) are printed beside its wall time, and with them the floor that the machine's CPUs put under a check:
-a check whose processes need C CPU seconds cannot take less than C / N seconds of wall time on N CPUs, however
-its work is overlapped.
+The CPU seconds of each command (all its processes) are printed beside its wall time, and with them the floor that
+the machine's CPUs put under a check: a check whose processes need C CPU seconds cannot take less than C / N
+seconds of wall time on N CPUs, however its work is overlapped.
 Run: python benchmarks/bench_check_wall.py [rounds=3] [steps=60]
 """
 
@@ -77,20 +76,8 @@ def _ratio(samples: dict[str, list[float]], name: str, base: str) -> tuple[float
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
-def _byte_compile() -> None:
-    """Byte-compile torchrepro as ``pip install`` does: a checkout run with PYTHONDONTWRITEBYTECODE=1 (this
-    project's development machine sets it) would otherwise compile its modules from source in every process of a
-    check (~0.2 s of CPU each), which no installed copy does."""
-    import compileall
-
-    import torchrepro
-
-    compileall.compile_dir(str(Path(torchrepro.__file__).parent), quiet=1)
-
-
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    _byte_compile()
     steps = sys.argv[2] if len(sys.argv) > 2 else "60"
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,14 +3,14 @@
 A torch optimizer's constructor imports ``torch._dynamo`` (with sympy and inductor's config: 1.3-1.6 s on a 2-core
 machine), so a run prestarted by ``check`` (:func:`~torchrepro.record.launcher.start_gated`) would still pay for
 that import after its gate opens, on the critical path. Run 1 watches for that import (:class:`ImportWatch`): when
-it starts while the environment, ``sys.path`` and the working directory are as they were when the script started
-(the script changed none of them before it), run 1 writes the module's name into ``warm.json`` in its run
-directory, at the start of the import. The prestarted run, still waiting before its script, reads that file and
-makes the same import (:func:`warm_imports`), so that it overlaps with run 1's. The script then finds the module
-imported, as its own ``import`` would have left it: the same code, run with the same environment and search path.
-The environment variables the import sets (``TORCHINDUCTOR_CACHE_DIR``) are put back until the script's own
-``import`` of the module (:class:`EnvReplay`), so that the script starts with run 1's environment. Anything else
-(another environment, search path or directory, another module, a failed import) and nothing is imported ahead.
+it starts while the environment and ``sys.path`` are as they were when the script started (the script changed
+neither before it), run 1 writes its name into ``warm.json`` in its run directory, at the start of the import. The
+prestarted run, still waiting before its script, reads that file and makes the same import
+(:func:`warm_imports`), so that it overlaps with run 1's. The script then finds the module imported, as its own
+``import`` would have left it: the same code, run with the same environment and search path. The environment
+variables the import sets (``TORCHINDUCTOR_CACHE_DIR``) are put back until the script's own ``import`` of the
+module (:class:`EnvReplay`), so that the script starts with run 1's environment. Anything else (another
+environment, another search path, another module, a failed import) and nothing is imported ahead.
 
 Example (what the launcher does)::
 
@@ -41,15 +41,14 @@ POLL_S = 0.05  # how often a waiting run looks for run 1's file
 
 class ImportWatch:
     """A ``sys.meta_path`` entry that never finds anything: it notes when a :data:`WARMABLE` module's import
-    starts, and writes its name into ``out/warm.json`` if the environment, ``sys.path`` and the working directory
-    are still those the script started with."""
+    starts, and writes its name into ``out/warm.json`` if the environment and ``sys.path`` are still those the
+    script started with."""
 
     def __init__(self, out: Path, *, path_entry: str | None) -> None:
         self.path = out / WARM_FILE
         self.pending = {name for name in WARMABLE if name not in sys.modules}
         self.env = dict(os.environ)
         self.sys_path = ([path_entry] if path_entry is not None else []) + list(sys.path)
-        self.cwd = os.getcwd()  # relative entries of sys.path ("" for -c) resolve against it
         self.modules: list[str] = []
 
     def install(self) -> ImportWatch:
@@ -67,18 +66,11 @@ class ImportWatch:
         self.pending.discard(fullname)
         if not self.pending:
             self.uninstall()
-        if dict(os.environ) == self.env and sys.path == self.sys_path and _cwd() == self.cwd:
+        if dict(os.environ) == self.env and sys.path == self.sys_path:
             self.modules.append(fullname)
             with contextlib.suppress(OSError):  # an optimisation only: a run that cannot write it is not harmed
                 data = json.dumps({"modules": self.modules}).encode()
                 atomic_write(self.path, lambda f: f.write(data), durable=False)
-        return None
-
-
-def _cwd() -> str | None:
-    try:
-        return os.getcwd()
-    except OSError:  # removed meanwhile
         return None
 
 
