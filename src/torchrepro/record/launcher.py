@@ -7,6 +7,7 @@ and runs the user's script as ``__main__`` with its own ``sys.argv``. The parent
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import functools
@@ -33,7 +34,7 @@ from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
-from .warmimport import ImportWatch, OnFirstImport, warm_imports
+from .warmimport import ImportWatch, warm_imports
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
 NODE_TOKEN_ENV = "TORCHREPRO_NODE_TOKEN"  # one node's launch of a run of several nodes: its ranks write it down
@@ -1110,7 +1111,7 @@ def _write_summary_on_os_exit(end: _ChildEnd) -> None:
     os._exit = _exit  # type: ignore[assignment]
 
 
-class ThreadEnvAtImport(OnFirstImport):
+class ThreadEnvAtImport:
     """Apply, at the script's first ``import torch``, a thread count the script put into the environment before it.
 
     The launcher imports torch before the script runs (seeding, deterministic mode and the recorder need it), and
@@ -1126,8 +1127,24 @@ class ThreadEnvAtImport(OnFirstImport):
     VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
     def __init__(self) -> None:
-        super().__init__(["torch"])
         self.launched = {name: os.environ.get(name) for name in self.VARS}
+        self._original = builtins.__import__
+        self.done = False
+
+    def install(self) -> ThreadEnvAtImport:
+        builtins.__import__ = self._import
+        return self
+
+    def uninstall(self) -> None:
+        if builtins.__import__ == self._import:
+            builtins.__import__ = self._original
+
+    def _import(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+        if not self.done and level == 0 and (name == "torch" or name.startswith("torch.")):
+            self.done = True  # once, even if another wrapper of __import__ now calls this one
+            self.uninstall()
+            self.apply()
+        return self._original(name, globals, locals, fromlist, level)
 
     def threads(self) -> int | None:
         """The thread count the script's environment asks for, or None (unchanged since the launch, or invalid)."""

@@ -134,17 +134,26 @@ def _set(key: str, value: str | None) -> None:
         os.environ[key] = value
 
 
-class OnFirstImport:
-    """Calls :meth:`apply` once, just before the first ``import`` statement that names one of ``modules`` (or a
-    module inside one), made by the script; a ``builtins.__import__`` wrapper, removed once it has run."""
+class EnvReplay:
+    """Sets again the environment variables that imports made ahead set, at the script's first ``import`` of one
+    of those modules (``import torch._dynamo``, which a torch optimizer's constructor and ``torch.compile`` run),
+    as the script's own import would have; a variable the script has set meanwhile is left as it is.
 
-    def __init__(self, modules: list[str] | tuple[str, ...]) -> None:
-        self.modules = list(modules)
+    Example::
+
+        replay = EnvReplay(["torch._dynamo"], {"TORCHINDUCTOR_CACHE_DIR": (None, "/tmp/torchinductor_me")})
+        replay.install()  # os.environ gets the variable back when the script imports torch._dynamo
+    """
+
+    def __init__(self, modules: list[str], changes: dict[str, tuple[str | None, str | None]]) -> None:
+        self.modules = modules
+        self.changes = changes
         self._original = builtins.__import__
         self.done = False
 
-    def install(self) -> OnFirstImport:
-        builtins.__import__ = self._import
+    def install(self) -> EnvReplay:
+        if self.changes:
+            builtins.__import__ = self._import
         return self
 
     def uninstall(self) -> None:
@@ -157,30 +166,6 @@ class OnFirstImport:
             self.uninstall()
             self.apply()
         return self._original(name, globals, locals, fromlist, level)
-
-    def apply(self) -> None:
-        raise NotImplementedError
-
-
-class EnvReplay(OnFirstImport):
-    """Sets again the environment variables that imports made ahead set, at the script's first ``import`` of one
-    of those modules (``import torch._dynamo``, which a torch optimizer's constructor and ``torch.compile`` run),
-    as the script's own import would have; a variable the script has set meanwhile is left as it is.
-
-    Example::
-
-        replay = EnvReplay(["torch._dynamo"], {"TORCHINDUCTOR_CACHE_DIR": (None, "/tmp/torchinductor_me")})
-        replay.install()  # os.environ gets the variable back when the script imports torch._dynamo
-    """
-
-    def __init__(self, modules: list[str], changes: dict[str, tuple[str | None, str | None]]) -> None:
-        super().__init__(modules)
-        self.changes = changes
-
-    def install(self) -> EnvReplay:
-        if self.changes:
-            super().install()
-        return self
 
     def apply(self) -> None:
         for key, (old, new) in self.changes.items():
