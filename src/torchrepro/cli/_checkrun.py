@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.errors import EnvFileError, Interrupted, ScriptError
 from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
-from ..record.outdir import WARM, check_check_dir, check_run_dir, make_dir, unique_dir
+from ..record.outdir import check_check_dir, check_run_dir, make_dir, unique_dir
 from ..record.store import Run
 from ..record.workdir import WorkdirWatch, check_copyable, copy_workdir, script_in_copy
 
@@ -248,12 +248,6 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
         if stop_after is not None and i > 1:
             opts_i = dataclasses.replace(opts_i, divergence_stop=stop_plan([dirs[0], run_dir], 1, stop_after,
                                                                            numbers=[1, i]))
-        if prestart and n > 1:  # run 1 names the slow imports that the runs prestarted after it make early
-            warm = dirs[0] / WARM
-            if i == 1:
-                with contextlib.suppress(FileNotFoundError):
-                    warm.unlink()  # an earlier check's, in the run directory it replaces
-            opts_i = dataclasses.replace(opts_i, warm_out=i == 1, warm_from=str(warm) if i > 1 else None)
         return isolation.command(command), opts_i
 
     with _Progress(n) as progress, contextlib.ExitStack() as pending:

@@ -34,7 +34,6 @@ from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
-from .warmimport import ImportWatch, warm_imports
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
 NODE_TOKEN_ENV = "TORCHREPRO_NODE_TOKEN"  # one node's launch of a run of several nodes: its ranks write it down
@@ -313,8 +312,6 @@ class LaunchOptions:
     resume_at: dict[str, Any] | None = None  # check --resume-at: {"phase", "step", "checkpoint"} (resumeat.ResumePlan)
     divergence_stop: dict[str, Any] | None = None  # check: stop K steps after a divergence (divergence.DivergenceWatch)
     gate_fd: int | None = None  # the child waits on this pipe before the script runs (start_gated)
-    warm_out: bool = False  # note in RECORD/warm.json the slow imports a later run may make early (warmimport)
-    warm_from: str | None = None  # gated: while waiting, make the imports that this warm.json names (warmimport)
 
 
 @dataclass
@@ -959,19 +956,15 @@ def _child_main(argv: list[str]) -> int:
     from .recorder import MaxStepsReached, Recorder
     from .workdir import ReadAudit
 
-    kind, target, args = argv[0], argv[1], argv[2:]
+    if opts.gate_fd is not None:
+        _wait_for_gate(opts.gate_fd)
+        signal.signal(signal.SIGINT, sigint if sigint is not None else signal.SIG_DFL)
     if opts.seed is not None:
         seeding.seed_everything(opts.seed)
     if opts.deterministic:
         determinism.deterministic(True, **opts.determinism)
     for flag, value in opts.torch_flags.items():
         TORCH_FLAGS[flag](value)
-    replay = None
-    if opts.gate_fd is not None:  # the environment is now as the script will find it: imports made early see it
-        if opts.warm_from:
-            replay = warm_imports(Path(opts.warm_from), opts.gate_fd, path_entry=_path_entry(kind, target))
-        _wait_for_gate(opts.gate_fd)
-        signal.signal(signal.SIGINT, sigint if sigint is not None else signal.SIG_DFL)
     probe = ScriptProbe().install() if opts.audit else None
     recorder = None
     plan = None
@@ -989,15 +982,12 @@ def _child_main(argv: list[str]) -> int:
     if plan is not None:
         plan.install(recorder)
     audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
-    end = _ChildEnd(recorder, probe, audit, opts.record, plan, preimported=replay.modules if replay else [])
+    end = _ChildEnd(recorder, probe, audit, opts.record, plan)
     if recorder is not None:
         _write_summary_on_os_exit(end)
+    kind, target, args = argv[0], argv[1], argv[2:]
     sys.argv = ["-c" if kind == "code" else target, *args]
     ThreadEnvAtImport().install()  # a thread count the script exports before its `import torch` still counts
-    if opts.warm_out and opts.record:
-        ImportWatch(Path(opts.record), path_entry=_path_entry(kind, target)).install()
-    if replay is not None:
-        replay.install()
     freeze_heap()  # only import-time objects so far: the script's own stay collectable
     code = 0
     stopped = False
@@ -1007,7 +997,7 @@ def _child_main(argv: list[str]) -> int:
         elif kind == "code":
             _run_code(target)
         else:
-            sys.path.insert(0, str(_path_entry(kind, target)))
+            sys.path.insert(0, str(Path(target).resolve().parent))
             runpy.run_path(target, run_name="__main__")
     except MaxStepsReached:
         stopped = True
@@ -1025,11 +1015,6 @@ def _child_main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
-
-
-def _path_entry(kind: str, target: str) -> str | None:
-    """What the child puts first on ``sys.path`` for the script (its directory; "" for ``-c``; nothing for ``-m``)."""
-    return {"module": None, "code": ""}.get(kind, str(Path(target).resolve().parent))
 
 
 INTERNAL_KEY = "torchrepro_internal_error"  # in child.json: torchrepro's own code failed (see _end_safely)
@@ -1065,7 +1050,6 @@ class _ChildEnd:
     audit: Any  # workdir.ReadAudit or None
     record: str | None
     plan: Any = None  # resumeat.ResumePlan or None
-    preimported: list[str] = field(default_factory=list)  # modules imported before the gate opened (warmimport)
     pid: int = field(default_factory=os.getpid)
     written: bool = False
 
@@ -1090,8 +1074,6 @@ class _ChildEnd:
 
             summary[FACTS_KEY] = self.plan.facts()
         summary["torch"] = sys.modules["torch"].__version__
-        if self.preimported:
-            summary["preimported"] = self.preimported
         if os.environ.get(NODE_TOKEN_ENV):  # one node of several: which launch and node this rank belonged to
             summary["node_token"] = os.environ[NODE_TOKEN_ENV]
             summary["group_rank"] = int(os.environ.get("GROUP_RANK", "0"))

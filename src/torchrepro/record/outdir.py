@@ -31,8 +31,7 @@ from .._core.readjson import field_problems, read_json
 LOCK = ".torchrepro.lock"
 MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl", "values", "child.json"
 GRAPHS = "compiled_graphs.json"  # measurements of torch.compile'd graphs in a --locate re-run (see compiled.py)
-WARM = "warm.json"  # run 1 of a check: slow imports a prestarted run may make early (see warmimport)
-RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, WARM, "op_values.pt", "stdout.txt", "stderr.txt", LOCK}
+RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "op_values.pt", "stdout.txt", "stderr.txt", LOCK}
 CHECK_FILES = {"check.json", "check.png", "report.html", "locate.json", "locate_ops.txt", "compare.json", "bisect.json",
                LOCK}
 RUN_NAME = re.compile(r"run\d+")
