@@ -16,12 +16,17 @@ explain the floor: a check pays for two interpreters with torch, a plain run for
 check can come in under 2x on the identical script: its runs freeze the import-time heap before the script starts
 (launcher.freeze_heap), so neither the garbage collections during training nor those of interpreter shutdown walk
 torch's ~200k import-time objects, which a plain run pays for.
+torchrepro is byte-compiled first, as an installed copy is. The CPU seconds of each command (all its
+processes) are printed beside its wall time, and with them the floor that the machine's CPUs put under a check:
+a check whose processes need C CPU seconds cannot take less than C / N seconds of wall time on N CPUs, however
+its work is overlapped.
 Run: python benchmarks/bench_check_wall.py [rounds=3] [steps=60]
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -50,10 +55,18 @@ print(f"final loss {loss.item():.6f}")
 """
 
 
-def _time(cmd: list[str], ok: tuple[int, ...] = (0,)) -> float:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    """CPU seconds (user + system) of every process this one has waited for, and of theirs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(cmd: list[str], ok: tuple[int, ...] = (0,), cpu: list[float] | None = None) -> float:
+    t0, c0 = time.perf_counter(), _cpu()
     p = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(_cpu() - c0)
     if p.returncode not in ok:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     return dt
@@ -64,8 +77,20 @@ def _ratio(samples: dict[str, list[float]], name: str, base: str) -> tuple[float
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
+def _byte_compile() -> None:
+    """Byte-compile torchrepro as ``pip install`` does: a checkout run with PYTHONDONTWRITEBYTECODE=1 (this
+    project's development machine sets it) would otherwise compile its modules from source in every process of a
+    check (~0.2 s of CPU each), which no installed copy does."""
+    import compileall
+
+    import torchrepro
+
+    compileall.compile_dir(str(Path(torchrepro.__file__).parent), quiet=1)
+
+
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    _byte_compile()
     steps = sys.argv[2] if len(sys.argv) > 2 else "60"
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,14 +116,16 @@ def main() -> int:
         }
         _time(variants["plain run"][0])  # warm the file cache
         samples: dict[str, list[float]] = {k: [] for k in variants}
+        cpu: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(rounds):
             for name, (cmd, ok) in variants.items():
-                samples[name].append(_time(cmd, ok))
+                samples[name].append(_time(cmd, ok, cpu[name]))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{rounds} interleaved rounds, {steps}-step script, {os.cpu_count()} CPUs, load average {load:.2f}; "
           "median wall seconds (range)")
     for name, v in samples.items():
-        print(f"  {name:<32} {statistics.median(v):7.2f} s   ({min(v):.2f} - {max(v):.2f})")
+        print(f"  {name:<32} {statistics.median(v):7.2f} s   ({min(v):.2f} - {max(v):.2f})   "
+              f"CPU {statistics.median(cpu[name]):6.2f} s")
     rows = [("check, diverged", "plain run --diverge", 1.4), ("check, identical", "plain run", 2.0),
             ("check --full-runs, diverged", "plain run --diverge", None),
             ("check --parallel, diverged", "plain run --diverge", None),
@@ -109,6 +136,13 @@ def main() -> int:
         med, lo, hi = _ratio(samples, name, base)
         verdict = "" if target is None else f"; target <= {target}x {'OK' if med <= target else 'MISSED'}"
         print(f"{name} / {base} = {med:.2f}x  (per round {lo:.2f} - {hi:.2f}{verdict})")
+    cores = os.cpu_count() or 1
+    print(f"The floor of this machine: a check's processes need the CPU seconds above; {cores} CPUs cannot do them "
+          f"in less than CPU / {cores} of wall time")
+    for name, base in (("check, diverged", "plain run --diverge"), ("check, identical", "plain run")):
+        floor = statistics.median(cpu[name]) / cores / statistics.median(samples[base])
+        print(f"  {name}: {statistics.median(cpu[name]):.2f} CPU s / {cores} = at least {floor:.2f}x {base}'s wall "
+              f"(its own CPU: {statistics.median(cpu[base]):.2f} s)")
     return 0
 
 
