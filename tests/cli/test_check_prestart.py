@@ -112,3 +112,44 @@ def test_sigterm_while_run_1_trains_ends_the_waiting_run_2_too(tmp_path):
     assert processes_naming(str(log)) == []
     assert [e["event"] for e in events(log)] == ["start"]
     assert not (tmp_path / "out" / "run2").exists()
+
+
+def niced_threads(pid: int) -> set[int]:
+    """The threads of process ``pid`` (not its main thread) whose nice value is 19 now."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(task.name) != pid and int(fields[16]) == 19:  # field 19 of stat: the nice value
+            found.add(int(task.name))
+    return found
+
+
+def test_the_waiting_run_imports_at_the_lowest_priority_and_its_script_runs_at_the_normal_one(tmp_path):
+    """Run 2 imports torch while run 1 trains, in a thread at nice 19 (it takes no CPU time run 1 wants), as check
+    itself imports its analysis modules; run 2's script, and the threads that script starts, run at the priority
+    run 1's have."""
+    log = tmp_path / "log.jsonl"
+    check_proc = subprocess.Popen([sys.executable, "-m", "torchrepro", "check", "--json", "--out",
+                                   str(tmp_path / "out"), "--", sys.executable, str(SCRIPT), str(log), "--sleep", "4"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    niced: dict[int, set[int]] = {}
+    try:
+        while check_proc.poll() is None:
+            for pid in (check_proc.pid, *processes_naming(str(log))):
+                niced.setdefault(pid, set()).update(niced_threads(pid))
+            time.sleep(0.01)
+        out, err = check_proc.communicate(timeout=60)
+    finally:
+        if check_proc.poll() is None:
+            check_proc.kill()
+    assert check_proc.returncode == 0, err
+    assert json.loads(out)["verdict"] == "identical"
+    start1, _, start2, _ = events(log)
+    assert niced.get(start2["pid"]), niced  # run 2's import thread was seen at nice 19 ...
+    assert not niced.get(start1["pid"])  # ... and run 1, which nothing waits for, imports at its own priority
+    assert niced.get(check_proc.pid)  # check's import of the analysis modules
+    normal = os.getpriority(os.PRIO_PROCESS, 0)
+    assert start1["nice"] == start2["nice"] == [normal, normal]

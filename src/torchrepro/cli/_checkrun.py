@@ -7,18 +7,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import importlib
 import json
 import os
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core.background import import_in_background
 from .._core.errors import EnvFileError, Interrupted, ScriptError
 from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
@@ -112,18 +111,11 @@ def _with_note(error: ScriptError, note: str) -> ScriptError:
     return new
 
 
-# Imported in a background thread while the first run trains, so their import time (torch, matplotlib) is not
-# added to the check's wall time. A failure here is ignored: the same import in the main thread raises it later.
+# Imported in a background thread at the lowest priority while the first run trains (_core/background), so their
+# import time (torch, matplotlib) is neither added to the check's wall time nor taken from run 1's CPU time. A failure
+# here is ignored: the same import in the main thread raises it later.
 _ANALYSIS_MODULES = ("torchrepro.analysis.compare", "torchrepro.analysis.envdiff", "torchrepro.analysis.report",
                      "torchrepro.cli._render", "matplotlib.figure", "matplotlib.backends.backend_agg")
-
-
-def _import_quietly(names: tuple[str, ...]) -> None:
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: S112 - reported by the main thread's own import of the module
-            continue
 
 
 def prefetch_analysis() -> None:
@@ -135,7 +127,7 @@ def prefetch_analysis() -> None:
     global _prefetched
     if not _prefetched:
         _prefetched = True
-        threading.Thread(target=_import_quietly, args=(_ANALYSIS_MODULES,), name="torchrepro-prefetch").start()
+        import_in_background(_ANALYSIS_MODULES, name="torchrepro-prefetch")
 
 
 _prefetched = False

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .._core.background import import_in_background
 from .._core.errors import InternalError, Interrupted, ReproError, StateFileError
 from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
@@ -940,6 +941,11 @@ def _run_code(code: str) -> None:
             sys.modules["__main__"] = previous
 
 
+# What a child imports before its script (torch with them): a prestarted one imports them in the background.
+_CHILD_MODULES = ("torchrepro.control.determinism", "torchrepro.control.seeding", "torchrepro.env.info",
+                  "torchrepro.record.recorder", "torchrepro.record.workdir")
+
+
 def _child_main(argv: list[str]) -> int:
     _die_with_parent(_parent_pid())
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
@@ -951,6 +957,8 @@ def _child_main(argv: list[str]) -> int:
             prepare_run_dir(Path(opts.record))
         if opts.rank_output:
             _redirect_output(Path(opts.record))
+    if opts.gate_fd is not None:  # prestarted: import at the lowest priority, taking no CPU from the run before
+        import_in_background(_CHILD_MODULES, name="torchrepro-preimport").join()
     from ..control import determinism, seeding
     from ..env.info import ScriptProbe
     from .recorder import MaxStepsReached, Recorder
