@@ -153,3 +153,6 @@ def test_the_waiting_run_imports_at_the_lowest_priority_and_its_script_runs_at_t
     assert niced.get(check_proc.pid)  # check's import of the analysis modules
     normal = os.getpriority(os.PRIO_PROCESS, 0)
     assert start1["nice"] == start2["nice"] == [normal, normal]
+    # ... and so do the threads of the libraries it imported (numpy's OpenBLAS workers start at import)
+    assert set(start1["threads"].values()) == set(start2["threads"].values()) == {normal}, (start1, start2)
+    assert len(start1["threads"]) == len(start2["threads"])

@@ -66,3 +66,17 @@ def test_elsewhere_than_linux_nothing_is_lowered(monkeypatch):
     calls: list[tuple] = []
     monkeypatch.setattr(os, "setpriority", lambda *a: calls.append(a), raising=False)
     assert lower_this_thread() is False and calls == []  # there it would lower the whole process, for good
+
+
+@linux
+def test_modules_named_first_are_imported_by_the_calling_thread_at_its_priority(tmp_path, monkeypatch):
+    """For modules that start threads at import (numpy's OpenBLAS): those threads must not inherit nice 19."""
+    (tmp_path / "tr_bg_first.py").write_text(
+        "import os, threading\nNICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+        "MAIN = threading.current_thread() is threading.main_thread()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_in_background(["json"], name="probe", first=["tr_bg_first", "tr_bg_not_installed"]).join()
+    import tr_bg_first
+
+    assert (tr_bg_first.NICE, tr_bg_first.MAIN) == (_nice(), True)
+    del sys.modules["tr_bg_first"]

@@ -1,10 +1,11 @@
 """Logs when its process started and when the script itself started and ended, then trains a few steps.
 
 ``startlog.py LOG [--steps N] [--fail] [--sleep S]`` appends one JSON line to LOG at the script's start
-(``{"event": "start", "pid", "process_started", "script_started", "nice"}``, ``process_started`` read from
-/proc: when the interpreter was exec'd; ``nice``: the nice values of the script's thread and of a thread it
-starts) and one at its end (``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before training; ``--sleep S``:
-sleep S seconds before training (a run that is still going when a signal comes).
+(``{"event": "start", "pid", "process_started", "script_started", "nice", "threads"}``, ``process_started`` read
+from /proc: when the interpreter was exec'd; ``nice``: the nice values of the script's thread and of a thread it
+starts; ``threads``: the nice value of each thread of the process at the script's start) and one at its end
+(``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before training; ``--sleep S``: sleep S seconds before
+training (a run that is still going when a signal comes).
 """
 import argparse
 import json
@@ -42,7 +43,15 @@ started: list[int] = []
 helper = threading.Thread(target=lambda: started.append(nice()))
 helper.start()
 helper.join()
-log(args.log, event="start", process_started=process_started(), script_started=time.time(), nice=[nice(), *started])
+threads = {}  # every thread of this process now (those of numpy, torch, ...): tid -> nice value
+for task in os.listdir("/proc/self/task"):
+    try:
+        with open(f"/proc/self/task/{task}/stat") as f:
+            threads[task] = int(f.read().rpartition(")")[2].split()[16])
+    except OSError:  # ended meanwhile
+        continue
+log(args.log, event="start", process_started=process_started(), script_started=time.time(), nice=[nice(), *started],
+    threads=threads)
 if args.fail:
     sys.exit(3)
 time.sleep(args.sleep)

@@ -9,7 +9,9 @@ in a thread of their own whose nice value is raised to 19, so the scheduler give
 Only on Linux, where a nice value belongs to one thread (``setpriority(PRIO_PROCESS, tid)``); elsewhere it is
 the whole process's, and an unprivileged process can never raise its priority again, so the thread runs at the
 normal priority there. The thread that waits for the import (the main thread) keeps its own priority, and so do
-the threads the script starts later: only threads created by the import itself inherit the lowered one.
+the threads the script starts later. Threads that a module starts when it is imported inherit the lowered one:
+numpy's OpenBLAS starts its worker threads at import (torch imports numpy), so a caller that keeps those threads
+for later work names such modules in ``first``, imported by the calling thread before the others.
 
 >>> thread = import_in_background(("json",), name="example")
 >>> thread.join()
@@ -47,11 +49,18 @@ def _import_quietly(names: tuple[str, ...]) -> None:
             continue
 
 
-def import_in_background(names: Iterable[str], *, name: str) -> threading.Thread:
+def import_in_background(names: Iterable[str], *, name: str, first: Iterable[str] = ()) -> threading.Thread:
     """Start importing ``names`` in a thread at the lowest priority; errors are left to the caller's own import.
 
-    Not a daemon thread: the interpreter waits for it before shutting down (a process that ends while torch is
-    still being imported in a daemon thread aborts in torch's C++ teardown instead of exiting with its code)."""
+    ``first``: modules imported here, in the calling thread, before the thread starts (those that start threads of
+    their own at import); one that is not installed is skipped. Not a daemon thread: the interpreter waits for it
+    before shutting down (a process that ends while torch is still being imported in a daemon thread aborts in
+    torch's C++ teardown instead of exiting with its code)."""
+    for module in first:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: S112 - not installed, or reported by the caller's own import
+            continue
     thread = threading.Thread(target=_import_quietly, args=(tuple(names),), name=name)
     thread.start()
     return thread

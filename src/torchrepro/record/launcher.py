@@ -944,6 +944,7 @@ def _run_code(code: str) -> None:
 # What a child imports before its script (torch with them): a prestarted one imports them in the background.
 _CHILD_MODULES = ("torchrepro.control.determinism", "torchrepro.control.seeding", "torchrepro.env.info",
                   "torchrepro.record.recorder", "torchrepro.record.workdir")
+_STARTS_THREADS = ("numpy",)  # its OpenBLAS worker threads, started at import, keep the script's priority
 
 
 def _child_main(argv: list[str]) -> int:
@@ -958,7 +959,7 @@ def _child_main(argv: list[str]) -> int:
         if opts.rank_output:
             _redirect_output(Path(opts.record))
     if opts.gate_fd is not None:  # prestarted: import at the lowest priority, taking no CPU from the run before
-        import_in_background(_CHILD_MODULES, name="torchrepro-preimport").join()
+        import_in_background(_CHILD_MODULES, name="torchrepro-preimport", first=_STARTS_THREADS).join()
     from ..control import determinism, seeding
     from ..env.info import ScriptProbe
     from .recorder import MaxStepsReached, Recorder
