@@ -1,17 +1,14 @@
 """Logs when its process started and when the script itself started and ended, then trains a few steps.
 
 ``startlog.py LOG [--steps N] [--fail] [--sleep S]`` appends one JSON line to LOG at the script's start
-(``{"event": "start", "pid", "process_started", "script_started", "nice", "threads"}``, ``process_started`` read
-from /proc: when the interpreter was exec'd; ``nice``: the nice values of the script's thread and of a thread it
-starts; ``threads``: the nice value of each thread of the process at the script's start) and one at its end
-(``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before training; ``--sleep S``: sleep S seconds before
-training (a run that is still going when a signal comes).
+(``{"event": "start", "pid", "process_started", "script_started"}``, ``process_started`` read from /proc: when
+the interpreter was exec'd) and one at its end (``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before
+training; ``--sleep S``: sleep S seconds before training (a run that is still going when a signal comes).
 """
 import argparse
 import json
 import os
 import sys
-import threading
 import time
 
 
@@ -35,23 +32,7 @@ parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--fail", action="store_true")
 parser.add_argument("--sleep", type=float, default=0.0)
 args = parser.parse_args()
-def nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())  # Linux: the calling thread's
-
-
-started: list[int] = []
-helper = threading.Thread(target=lambda: started.append(nice()))
-helper.start()
-helper.join()
-threads = {}  # every thread of this process now (those of numpy, torch, ...): tid -> nice value
-for task in os.listdir("/proc/self/task"):
-    try:
-        with open(f"/proc/self/task/{task}/stat") as f:
-            threads[task] = int(f.read().rpartition(")")[2].split()[16])
-    except OSError:  # ended meanwhile
-        continue
-log(args.log, event="start", process_started=process_started(), script_started=time.time(), nice=[nice(), *started],
-    threads=threads)
+log(args.log, event="start", process_started=process_started(), script_started=time.time())
 if args.fail:
     sys.exit(3)
 time.sleep(args.sleep)

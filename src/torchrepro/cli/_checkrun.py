@@ -7,17 +7,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import importlib
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.background import import_in_background
 from .._core.errors import EnvFileError, Interrupted, ScriptError
 from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
@@ -111,11 +112,18 @@ def _with_note(error: ScriptError, note: str) -> ScriptError:
     return new
 
 
-# Imported in a background thread at the lowest priority while the first run trains (_core/background), so their
-# import time (torch, matplotlib) is neither added to the check's wall time nor taken from run 1's CPU time. A failure
-# here is ignored: the same import in the main thread raises it later.
+# Imported in a background thread while the first run trains, so their import time (torch, matplotlib) is not
+# added to the check's wall time. A failure here is ignored: the same import in the main thread raises it later.
 _ANALYSIS_MODULES = ("torchrepro.analysis.compare", "torchrepro.analysis.envdiff", "torchrepro.analysis.report",
                      "torchrepro.cli._render", "matplotlib.figure", "matplotlib.backends.backend_agg")
+
+
+def _import_quietly(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # reported by the main thread's own import of the module
+            return  # the next one could import a half-initialised torch again (SIGSEGV at exit)
 
 
 def prefetch_analysis() -> None:
@@ -123,14 +131,22 @@ def prefetch_analysis() -> None:
 
     Not a daemon thread: the interpreter waits for it before it shuts down. A check that ends while torch is
     still being imported there (run 1 failed at once) would otherwise abort in torch's C++ teardown
-    ("terminate called without an active exception", SIGABRT) instead of exiting with its own code."""
-    global _prefetched
-    if not _prefetched:
-        _prefetched = True
-        import_in_background(_ANALYSIS_MODULES, name="torchrepro-prefetch")
+    ("terminate called without an active exception", SIGABRT) instead of exiting with its own code. A check
+    that ends early waits for it (:func:`wait_for_prefetch`) before the interpreter begins to shut down: from
+    then on the import fails half-way ("can't register atexit after shutdown")."""
+    global _prefetch
+    if _prefetch is None:
+        _prefetch = threading.Thread(target=_import_quietly, args=(_ANALYSIS_MODULES,), name="torchrepro-prefetch")
+        _prefetch.start()
 
 
-_prefetched = False
+def wait_for_prefetch() -> None:
+    """Wait until the background import has ended (at once if it never started)."""
+    if _prefetch is not None:
+        _prefetch.join()
+
+
+_prefetch: threading.Thread | None = None
 
 
 @dataclass
@@ -219,6 +235,16 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions,
     """
     parse_python_command(command)  # validate before starting anything
     prefetch_analysis()
+    try:
+        return _execute_runs(command, out, n, opts, isolation, stop_after=stop_after, parallel=parallel,
+                             prestart=prestart, number=number)
+    except BaseException:  # ended early (a failed run, a signal): let the background import end cleanly first
+        wait_for_prefetch()
+        raise
+
+
+def _execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions, isolation: Isolation | None, *,
+                  stop_after: int | None, parallel: bool, prestart: bool, number: int) -> list[Path]:
     isolation = isolation or Isolation()
     prestart = prestart and not opts.nproc_per_node and os.name == "posix"  # one process; an inherited pipe
     dirs = [out / f"run{i}" for i in range(1, n + 1)]

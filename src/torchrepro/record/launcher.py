@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .._core.background import import_in_background
 from .._core.errors import InternalError, Interrupted, ReproError, StateFileError
 from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
@@ -941,12 +940,6 @@ def _run_code(code: str) -> None:
             sys.modules["__main__"] = previous
 
 
-# What a child imports before its script (torch with them): a prestarted one imports them in the background.
-_CHILD_MODULES = ("torchrepro.control.determinism", "torchrepro.control.seeding", "torchrepro.env.info",
-                  "torchrepro.record.recorder", "torchrepro.record.workdir")
-_STARTS_THREADS = ("numpy",)  # its OpenBLAS worker threads, started at import, keep the script's priority
-
-
 def _child_main(argv: list[str]) -> int:
     _die_with_parent(_parent_pid())
     opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
@@ -958,8 +951,6 @@ def _child_main(argv: list[str]) -> int:
             prepare_run_dir(Path(opts.record))
         if opts.rank_output:
             _redirect_output(Path(opts.record))
-    if opts.gate_fd is not None:  # prestarted: import at the lowest priority, taking no CPU from the run before
-        import_in_background(_CHILD_MODULES, name="torchrepro-preimport", first=_STARTS_THREADS).join()
     from ..control import determinism, seeding
     from ..env.info import ScriptProbe
     from .recorder import MaxStepsReached, Recorder
