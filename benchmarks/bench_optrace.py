@@ -7,8 +7,12 @@ Targets:
   ``TorchDispatchMode`` adds (the floor of any Python dispatch mode);
 - example CNN step (batch 32 and batch 8): traced <= 1.3x untraced;
 - the time torchrepro's tracer adds on the CNN is <= half of what DebugMode + log_tensor_hashes adds.
-Also timed: a no-op function mode together with the no-op dispatch mode, the floor of a tracer made of one
-mode of each kind, as this one is. The transformer block is reported, not targeted. Each figure is the median over
+The tracer is driven as ``torchrepro run --trace-steps`` drives it: one tracer, started before each step and stopped
+after it, its fingerprint cache emptied at each start. Also timed: a new tracer made for each step (its per-tracer
+caches of source lines and JSON parts start empty), a no-op function mode together with the no-op dispatch mode
+(the floor of a tracer made of one mode of each kind, as this one is), and on the small-op chain a minimal tracer
+of that kind which hashes each op's output in place without any check and queues one tuple per op: the least any
+tracer that fingerprints outputs pays. The transformer block is reported, not targeted. Each figure is the median over
 rounds in which the variants alternate (machine noise hits all of them alike); the round-by-round ratio's
 quartiles show the noise.
 Run: python benchmarks/bench_optrace.py [--quick] [--rounds N] [--threads N]
@@ -17,6 +21,7 @@ Run: python benchmarks/bench_optrace.py [--quick] [--rounds N] [--threads N]
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import tempfile
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -58,6 +64,35 @@ class NoopFunctionMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class MinimalFunctionMode(TorchFunctionMode):
+    """Keeps the caller's frame of each torch call (the least a tracer does to know source lines)."""
+
+    site: Any = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        self.site = sys._getframe(1)
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+
+class MinimalTracerMode(TorchDispatchMode):
+    """Hashes a plain tensor output's bytes in place (no check of any kind: benchmark tensors only) and queues
+    (op, fingerprint): a floor for tracers that fingerprint every output, not a usable tracer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: list[tuple[Any, str | None]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        fp = None
+        if type(out) is torch.Tensor and out.nbytes:
+            fp = xxhash.xxh3_128_hexdigest((ctypes.c_ubyte * out.nbytes).from_address(out.data_ptr()))
+        self.queue.append((func, fp))
+        return out
+
+
 def _debug_mode() -> Any:
     try:
         from torch.utils._debug_mode import DebugMode
@@ -66,18 +101,28 @@ def _debug_mode() -> Any:
     return DebugMode
 
 
-def variants(step: Callable[[], object], models: dict[str, nn.Module], counts: dict[str, int]
-             ) -> dict[str, Callable[[], object]]:
-    """The untraced step and the same step under each mode."""
+def variants(step: Callable[[], object], models: dict[str, nn.Module], counts: dict[str, int], *,
+             minimal: bool = False) -> dict[str, Callable[[], object]]:
+    """The untraced step and the same step under each mode (``minimal``: also under the minimal tracer)."""
+    tracer = OpTracer(models=models, path=OPS_FILE, keep=False)
 
-    def traced() -> None:
-        tracer = OpTracer(models=models, path=OPS_FILE, keep=False)
+    def traced() -> None:  # as the recorder traces a step (record/recorder.py)
+        before = tracer.count
         tracer.start()
+        tracer.fps.clear()
         try:
             step()
         finally:
             tracer.stop()
-        counts["ops"] = tracer.count
+        counts["ops"] = tracer.count - before
+
+    def traced_new() -> None:
+        fresh = OpTracer(models=models, path=OPS_FILE, keep=False)
+        fresh.start()
+        try:
+            step()
+        finally:
+            fresh.stop()
 
     def noop() -> None:
         with NoopMode():
@@ -89,7 +134,15 @@ def variants(step: Callable[[], object], models: dict[str, nn.Module], counts: d
 
     out: dict[str, Callable[[], object]] = {"untraced": step, "no-op dispatch mode": noop,
                                              "no-op function + dispatch modes": noop_both,
-                                             "torchrepro tracer": traced}
+                                             "torchrepro tracer": traced,
+                                             "torchrepro tracer, new each step": traced_new}
+    if minimal:
+        def minimal_tracer() -> None:
+            mode = MinimalTracerMode()
+            with MinimalFunctionMode(), mode:
+                step()
+
+        out["minimal tracer (floor)"] = minimal_tracer
     debug = _debug_mode()
     if debug is not None:
         def debug_mode() -> None:
@@ -169,20 +222,22 @@ def main(argv: list[str] | None = None) -> int:
     verdicts: list[str] = []
 
     counts: dict[str, int] = {}
-    samples = interleaved_samples(variants(small_op_chain(), {}, counts), rounds=rounds, inner=1)
+    samples = interleaved_samples(variants(small_op_chain(), {}, counts, minimal=True), rounds=rounds, inner=1)
     times = report(f"small-op chain ({CHAIN_OPS} ops on 16-element tensors)", samples, counts.get("ops"), True)
     floor = times["no-op dispatch mode"] - times["untraced"]
     ours = times["torchrepro tracer"] - times["untraced"]
     share = ours / floor if floor > 0 else float("inf")
     both = times["no-op function + dispatch modes"] - times["untraced"]
+    least = times["minimal tracer (floor)"] - times["untraced"]
     verdicts.append(f"small-op chain: added per op = {share:.2f}x the no-op dispatch mode's (target <= 2x) "
                     f"{'OK' if share <= 2 else 'MISSED'}; a no-op function mode + dispatch mode alone: "
-                    f"{both / floor if floor > 0 else float('inf'):.2f}x")
+                    f"{both / floor if floor > 0 else float('inf'):.2f}x; the minimal tracer (hash each output, "
+                    f"queue it, nothing else): {least / floor if floor > 0 else float('inf'):.2f}x")
 
     for batch in (32, 8):
         step, model = cnn_step(batch)
         counts = {}
-        samples = interleaved_samples(variants(step, {"": model}, counts), rounds=rounds, inner=2)
+        samples = interleaved_samples(variants(step, {"": model}, counts, minimal=True), rounds=rounds, inner=2)
         times = report(f"example CNN step (batch {batch}, 3x32x32)", samples, counts.get("ops"))
         ratio = times["torchrepro tracer"] / times["untraced"]
         verdicts.append(f"CNN batch {batch}: traced / untraced = {ratio:.2f}x (target <= 1.3x) "
