@@ -9,10 +9,9 @@ Targets:
 - the time torchrepro's tracer adds on the CNN is <= half of what DebugMode + log_tensor_hashes adds.
 The tracer is driven as ``torchrepro run --trace-steps`` drives it: one tracer, started before each step and stopped
 after it, its fingerprint cache emptied at each start. Also timed: a new tracer made for each step (its per-tracer
-caches of source lines and JSON parts start empty), a no-op function mode together with the no-op dispatch mode
-(the floor of a tracer made of one mode of each kind, as this one is), and on the small-op chain a minimal tracer
-of that kind which hashes each op's output in place without any check and queues one tuple per op: the least any
-tracer that fingerprints outputs pays. The transformer block is reported, not targeted. Each figure is the median over
+caches of source lines and JSON parts start empty), and a minimal tracer: a dispatch mode that keeps each op's
+calling frame, hashes its output in place without any check and queues one tuple per op, the least any tracer
+that fingerprints outputs pays. The transformer block is reported, not targeted. Each figure is the median over
 rounds in which the variants alternate (machine noise hits all of them alike); the round-by-round ratio's
 quartiles show the noise.
 Run: python benchmarks/bench_optrace.py [--quick] [--rounds N] [--threads N]
@@ -32,7 +31,6 @@ from typing import Any
 import torch
 import xxhash
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,33 +53,13 @@ class NoopMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class NoopFunctionMode(TorchFunctionMode):
-    """A Python torch-function mode that only runs each call: with NoopMode, the floor of a tracer built, as
-    torchrepro's is, on one mode of each kind (the function mode gives forward and backward ops their source line)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        return func(*args, **(kwargs or {}))
-
-
-class MinimalFunctionMode(TorchFunctionMode):
-    """Keeps the caller's frame of each torch call (the least a tracer does to know source lines)."""
-
-    site: Any = None
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        self.site = sys._getframe(1)
-        return func(*args, **kwargs) if kwargs else func(*args)
-
-
 class MinimalTracerMode(TorchDispatchMode):
     """Hashes a plain tensor output's bytes in place (no check of any kind: benchmark tensors only) and queues
-    (op, fingerprint): a floor for tracers that fingerprint every output, not a usable tracer."""
+    (op, calling file and line, fingerprint): a floor for tracers that fingerprint every output, not a usable tracer."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.queue: list[tuple[Any, str | None]] = []
+        self.queue: list[tuple[Any, str, int, str | None]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -89,7 +67,8 @@ class MinimalTracerMode(TorchDispatchMode):
         fp = None
         if type(out) is torch.Tensor and out.nbytes:
             fp = xxhash.xxh3_128_hexdigest((ctypes.c_ubyte * out.nbytes).from_address(out.data_ptr()))
-        self.queue.append((func, fp))
+        caller = sys._getframe(1)
+        self.queue.append((func, caller.f_code.co_filename, caller.f_lineno, fp))
         return out
 
 
@@ -128,18 +107,12 @@ def variants(step: Callable[[], object], models: dict[str, nn.Module], counts: d
         with NoopMode():
             step()
 
-    def noop_both() -> None:
-        with NoopFunctionMode(), NoopMode():
-            step()
-
     out: dict[str, Callable[[], object]] = {"untraced": step, "no-op dispatch mode": noop,
-                                             "no-op function + dispatch modes": noop_both,
                                              "torchrepro tracer": traced,
                                              "torchrepro tracer, new each step": traced_new}
     if minimal:
         def minimal_tracer() -> None:
-            mode = MinimalTracerMode()
-            with MinimalFunctionMode(), mode:
+            with MinimalTracerMode():
                 step()
 
         out["minimal tracer (floor)"] = minimal_tracer
@@ -227,12 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     floor = times["no-op dispatch mode"] - times["untraced"]
     ours = times["torchrepro tracer"] - times["untraced"]
     share = ours / floor if floor > 0 else float("inf")
-    both = times["no-op function + dispatch modes"] - times["untraced"]
     least = times["minimal tracer (floor)"] - times["untraced"]
     verdicts.append(f"small-op chain: added per op = {share:.2f}x the no-op dispatch mode's (target <= 2x) "
-                    f"{'OK' if share <= 2 else 'MISSED'}; a no-op function mode + dispatch mode alone: "
-                    f"{both / floor if floor > 0 else float('inf'):.2f}x; the minimal tracer (hash each output, "
-                    f"queue it, nothing else): {least / floor if floor > 0 else float('inf'):.2f}x")
+                    f"{'OK' if share <= 2 else 'MISSED'}; the minimal tracer (hash each output, queue it, nothing "
+                    f"else): {least / floor if floor > 0 else float('inf'):.2f}x")
 
     for batch in (32, 8):
         step, model = cnn_step(batch)

@@ -128,6 +128,38 @@ def test_trace_ops_phases_modules_and_backward_source():
     assert [op["i"] for op in trace.ops] == list(range(len(trace.ops)))
 
 
+def test_every_backward_op_points_to_the_forward_line_and_module_that_made_its_node():
+    # nn.Linear runs two ops (aten.t, aten.addmm), each with its own autograd node; both nodes are the fc's line
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(2, 4)
+    with torchrepro.trace_ops(model) as trace:
+        model(x).sum().backward()  # LOSS-LINE
+    here = Path(__file__)
+    forward_line, loss_line = _line_of(here, "FORWARD-LINE"), _line_of(here, "LOSS-LINE")
+    sites = [(op["op"], op["line"], op["module"]) for op in trace.ops if op["phase"] == "backward"
+             and op["op"] not in ("aten.new_empty_strided", "aten.copy_")]  # AccumulateGrad: made by no line
+    assert ("aten.expand", loss_line, "") in sites  # the sum's node
+    assert ("aten.threshold_backward", forward_line + 1, "Tiny") in sites  # h.relu(), in Tiny's own forward
+    fc = [site for site in sites if site[0] in ("aten.t", "aten.mm", "aten.sum", "aten.view")]
+    assert len(fc) >= 4 and all(site[1:] == (forward_line, "fc") for site in fc), sites
+    assert all(line is not None for _, line, _ in sites), sites
+
+
+def test_backward_ops_of_a_graph_built_by_backward_point_to_the_line_that_built_it():
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 1)
+    x = torch.randn(5, 3, requires_grad=True)
+    with torchrepro.trace_ops(lin) as trace:
+        y = lin(x).sum()  # DOUBLE-FORWARD
+        (g,) = torch.autograd.grad(y, x, create_graph=True)  # GRAD-LINE
+        g.square().sum().backward()
+    here = Path(__file__)
+    lines = {op["line"] for op in trace.ops if op["phase"] == "backward"}
+    # the first backward's ops run nodes made by the forward; the second runs nodes the first one made
+    assert _line_of(here, "DOUBLE-FORWARD") in lines and _line_of(here, "GRAD-LINE") in lines
+
+
 def test_trace_ops_handles_inplace_views_tuples_scalars_dtypes_and_sparse():
     with torchrepro.trace_ops() as trace:
         a = torch.arange(6, dtype=torch.float32)
@@ -158,6 +190,26 @@ def test_tracer_is_removed_after_use():
     with torchrepro.trace_ops():
         torch.ones(2) + 1
     assert _get_current_dispatch_mode() is None
+
+
+def test_a_tracer_stopped_inside_backward_leaves_the_mode_stack_once_settled():
+    # the recorder stops tracing in a hook that loss.backward() runs; a mode popped there would come back when
+    # the backward pass restores its thread-local state, and pass every later op through Python for good
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from torchrepro.record.optrace import OpTracer
+
+    lin = nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    tracer = OpTracer(models={"": lin}).start()
+    y = lin(x)
+    y.register_hook(lambda g: tracer.stop())
+    y.sum().backward()
+    traced = tracer.count
+    tracer.settle()  # as the recorder does at the next optimizer step
+    assert _get_current_dispatch_mode() is None and not tracer.active
+    (lin(x) * 2).sum().backward()
+    assert tracer.count == traced
 
 
 def _op(op, ins, outs, line=1, rng=False):

@@ -467,26 +467,35 @@ def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
 
 def small_cpu_fingerprint(t: torch.Tensor) -> str | None:
     """``fingerprint(t)`` for a plain contiguous CPU tensor of at most ``_SMALL_BYTES`` bytes read in place;
-    ``None`` for every other tensor (call :func:`plain_cpu_fingerprint` or :func:`fingerprint` for those).
+    ``None`` for every other tensor (call :func:`plain_cpu_fingerprint` or :func:`fingerprint` for those)."""
+    found = small_cpu_fingerprint_at(t)
+    return found[0] if found is not None else None
+
+
+def small_cpu_fingerprint_at(t: torch.Tensor) -> tuple[str, int] | None:
+    """(``fingerprint(t)``, ``t.data_ptr()``) for a plain contiguous CPU tensor of at most ``_SMALL_BYTES`` bytes
+    read in place; ``None`` for every other tensor.
 
     The op tracer's hot path for small tensors, which it hashes again rather than looking them up in a cache:
-    the checks of :func:`_direct_bytes` in one function, the cheap ones first (only complex tensors can have
-    the conjugate bit; quantized tensors are known by their dtype)."""
-    if (type(t) not in _PLAIN_TENSOR_TYPES or not t.is_cpu or t.layout is not torch.strided or t.is_nested
-            or not _XXH3):
+    the checks of :func:`_direct_bytes` in one function, the cheap ones first (the size, so that a large tensor
+    is turned away at once; only complex tensors can have the conjugate bit; quantized tensors are known by
+    their dtype)."""
+    if type(t) not in _PLAIN_TENSOR_TYPES or t.layout is not _STRIDED or not _XXH3:
         return None
-    dtype = t.dtype
-    if (dtype in _QUANTIZED_DTYPES or not t.is_contiguous() or (dtype in _COMPLEX_DTYPES and t.is_conj())
-            or t.is_neg() or _is_transform_wrapper(t)):
-        return None
-    try:
+    try:  # any of these can raise for an odd tensor (no byte size, no storage): the checked path says why
         n = t.nbytes
+        if n > _SMALL_BYTES or n <= 0 or not t.is_cpu or t.is_nested:
+            return None
+        dtype = t.dtype
+        if (dtype in _QUANTIZED_DTYPES or not t.is_contiguous() or (dtype in _COMPLEX_DTYPES and t.is_conj())
+                or t.is_neg() or _is_transform_wrapper(t)):
+            return None
         ptr = t.data_ptr()
         storage = t.untyped_storage()
         start = storage.data_ptr()
-    except RuntimeError:  # no storage (a tensor inside vmap or grad): the checked path says why
-        return None
-    if n <= 0 or n > _SMALL_BYTES or not ptr or ptr < start or ptr + n > start + storage.nbytes():
+        if not ptr or ptr < start or ptr + n > start + storage.nbytes():
+            return None
+    except Exception:
         return None
     kind = _small_types.get(n)
     if kind is None:
@@ -495,9 +504,10 @@ def small_cpu_fingerprint(t: torch.Tensor) -> str | None:
         kind = _small_types[n] = ctypes.c_ubyte * n
     _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
     header = _header_cache.get((dtype, t.shape)) or _header(t)
-    return cast(str, _hexdigest(header + b"|" + _digest(kind.from_address(ptr))))  # storage: held until here
+    return _hexdigest(header + b"|" + _digest(kind.from_address(ptr))), ptr  # storage: held until here
 
 
+_STRIDED = torch.strided
 _QUANTIZED_DTYPES = frozenset(getattr(torch, name) for name in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
                               if hasattr(torch, name))
 _COMPLEX_DTYPES = frozenset(d for d in (getattr(torch, n, None) for n in ("complex32", "complex64", "complex128",

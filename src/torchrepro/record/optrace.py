@@ -1,9 +1,10 @@
 """An operation tracer: every ATen op with fingerprints of its inputs and outputs, module path, phase and
 the user's source line.
 
-Built on ``TorchDispatchMode`` (one record per ATen op, below autograd) plus a ``TorchFunctionMode`` that
-notes the user's source line of each torch call and of each autograd node it creates, so that backward ops
-point to the forward line that created them.
+Built on one ``TorchDispatchMode`` (one record per ATen op, below autograd). A forward or optimizer op's source
+line is the innermost frame outside torch and torchrepro when the op runs. Autograd gives an op's outputs their
+node (``grad_fn``) only after the op returns, so the tracer notes the node with the op's line and module when the
+next op starts; a backward op then points to the forward line that created its node.
 
 Example:
     >>> import collections, torch, torchrepro
@@ -30,7 +31,6 @@ from typing import IO, Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._core.errors import RunDirError, StateFileError
@@ -39,7 +39,7 @@ from .._core.fingerprint import (
     check_fingerprintable,
     fingerprint_many,
     plain_cpu_fingerprint,
-    small_cpu_fingerprint,
+    small_cpu_fingerprint_at,
 )
 from .._core.modules import ModuleContext, discover_models
 from .._core.ompteam import signals_deferred
@@ -88,10 +88,6 @@ def _site_of(frame: FrameType | None) -> tuple[str, int, str] | None:
             return name, f.f_lineno, ""
         f = f.f_back
     return None
-
-
-def _resolved(site: FrameType | tuple[str, int, str] | None) -> tuple[str, int, str] | None:
-    return _site_of(site) if type(site) is FrameType else site
 
 
 _MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
@@ -177,7 +173,7 @@ class _FpCache:
     in-place op bumps, is unchanged. The recorder clears the cache at each step boundary, since writes through
     ``.data`` do not bump the version counter.
 
-    Small CPU tensors (``small_cpu_fingerprint``) are hashed again each time they are seen: that costs less
+    Small CPU tensors (``small_cpu_fingerprint_at``) are hashed again each time they are seen: that costs less
     than a lookup, and is never stale. The exception: memory marked uninitialized (``torch.empty``) keeps its
     mark until written, so while marks exist, a small tensor whose key has one is looked up first.
     """
@@ -205,61 +201,91 @@ class _FpCache:
     def get(self, tensors: list[torch.Tensor], *, fresh: bool = False) -> list[str]:
         """Fingerprints of ``tensors``; ``fresh=True`` ignores cached values (for op outputs: an in-place op's
         version counter is bumped only after it returns, so a cached value could be stale)."""
+        return self.outputs(tensors) if fresh else self.inputs(tensors)
+
+    def inputs(self, tensors: list[torch.Tensor]) -> list[str]:
+        """Fingerprints of an op's input tensors: the previous op's unchanged outputs keep theirs, small CPU
+        tensors are hashed again, others are looked up in the cache (see :meth:`_checked`)."""
         out: list[str | None] = []
         todo: list[int] = []
         marks = self._uninitialized
         last = self.last
-        if fresh:
-            self.last = latest = []
         for i, t in enumerate(tensors):
-            if last and not fresh:  # an output of the previous op, unchanged since: no need to hash it again
+            if last:  # an output of the previous op, unchanged since: no need to hash it again
                 fp = _unchanged(t, last)
                 if fp is not None:
                     out.append(fp)
                     continue
-            if fresh or not marks or not self._marked(t):
-                try:
-                    fp = small_cpu_fingerprint(t)
-                    if fp is not None and fresh:
-                        version = _version(t)
-                        if version >= 0:  # inference tensors have no version counter to check
-                            latest.append((t, version, t.data_ptr(), fp))
-                except Exception:  # the checked path below records why
-                    fp = None
-                if fp is not None:
-                    out.append(fp)
+            if not marks or not self._marked(t):
+                found = small_cpu_fingerprint_at(t)
+                if found is not None:
+                    out.append(found[0])
                     continue
-            fp = None
-            try:
-                if t.layout is not torch.strided or t.is_nested or t.is_meta:
-                    check_fingerprintable(t)  # raises with the reason, or lets a readable tensor through
-                if not fresh:
-                    key = self._key(t)
-                    hit = self._cache.get(key)
-                    if hit is not None and hit[1] == _version(t) and not hit[0].expired():
-                        fp = hit[2]
-                    elif key in marks:  # written or freed since it was marked
-                        marks.discard(key)
-                if fp is None:
-                    fp = plain_cpu_fingerprint(t)  # most tensors: hashed right here
-                    if fp is not None:
-                        self._remember(t, fp, fresh)
-            except UnfingerprintableError as exc:
-                fp = f"unfingerprintable: {exc}"
-            except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
-                fp = f"unfingerprintable: {type(exc).__name__}"
+            fp = self._checked(t, False)
             if fp is None:
                 todo.append(i)
             out.append(fp)
-        if todo:  # other devices: one fingerprint_many call copies two words per tensor back, once per device
-            try:
-                fps = fingerprint_many([tensors[i] for i in todo])
-            except Exception as exc:
-                fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
-            for i, fp in zip(todo, fps):
-                out[i] = fp
-                self._remember(tensors[i], fp, fresh)
+        if todo:
+            self._other_devices(tensors, todo, out, False)
         return out  # type: ignore[return-value]
+
+    def outputs(self, tensors: list[torch.Tensor]) -> list[str]:
+        """Fingerprints of an op's output tensors, never from the cache; the small ones become :attr:`last`."""
+        out: list[str | None] = []
+        todo: list[int] = []
+        self.last = latest = []
+        for i, t in enumerate(tensors):
+            found = small_cpu_fingerprint_at(t)
+            if found is not None:
+                small, ptr = found
+                try:
+                    latest.append((t, t._version, ptr, small))
+                except RuntimeError:  # an inference tensor has no version counter to check: never reused
+                    pass
+                out.append(small)
+                continue
+            fp = self._checked(t, True)
+            if fp is None:
+                todo.append(i)
+            out.append(fp)
+        if todo:
+            self._other_devices(tensors, todo, out, True)
+        return out  # type: ignore[return-value]
+
+    def _checked(self, t: torch.Tensor, fresh: bool) -> str | None:
+        """The fingerprint of a tensor the small path did not take (cached unless ``fresh``), the reason it has
+        none, or ``None`` for a tensor on another device (see :meth:`_other_devices`)."""
+        fp = None
+        try:
+            if t.layout is not torch.strided or t.is_nested or t.is_meta:
+                check_fingerprintable(t)  # raises with the reason, or lets a readable tensor through
+            if not fresh:
+                key = self._key(t)
+                hit = self._cache.get(key)
+                if hit is not None and hit[1] == _version(t) and not hit[0].expired():
+                    return hit[2]
+                if key in self._uninitialized:  # written or freed since it was marked
+                    self._uninitialized.discard(key)
+            fp = plain_cpu_fingerprint(t)  # most tensors: hashed right here
+            if fp is not None:
+                self._remember(t, fp, fresh)
+        except UnfingerprintableError as exc:
+            fp = f"unfingerprintable: {exc}"
+        except Exception as exc:  # e.g. a tensor subclass without storage: record, never crash the run
+            fp = f"unfingerprintable: {type(exc).__name__}"
+        return fp
+
+    def _other_devices(self, tensors: list[torch.Tensor], todo: list[int], out: list[str | None],
+                       fresh: bool) -> None:
+        """Fill ``out[i]`` for ``i`` in ``todo``: one fingerprint_many call copies two words per tensor back, once
+        per device."""
+        try:
+            fps = fingerprint_many([tensors[i] for i in todo])
+        except Exception as exc:
+            fps = [f"unfingerprintable: {type(exc).__name__}"] * len(todo)
+        for i, fp in zip(todo, fps):
+            out[i] = fp
+            self._remember(tensors[i], fp, fresh)
 
     def _remember(self, t: torch.Tensor, fp: str, fresh: bool) -> None:
         if fresh:  # an op output: an in-place op's version bump happens after it returns
@@ -322,7 +348,11 @@ _encode = _json_encoder()
 def _fps_json(fps: list[str]) -> str:
     """``_encode(fps)`` for a list of strings; plain ones (printable ASCII without quotes or backslashes, such as
     hex digests) are joined as they are."""
-    if not fps:
+    if len(fps) == 1:  # most ops: one output, a hex digest (ASCII letters and digits need no escaping)
+        text = fps[0]
+        if text.isalnum() and text.isascii():
+            return f'["{text}"]'
+    elif not fps:
         return "[]"
     text = '","'.join(fps)
     if text.isascii() and text.isprintable() and "\\" not in text and text.count('"') == 2 * len(fps) - 2:
@@ -357,10 +387,23 @@ def _arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[t
     return out
 
 
+def _any_requires_grad(tensors: list[torch.Tensor]) -> bool:
+    """Whether autograd can give the op's outputs a node: only when an input requires grad."""
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
+
+
 class _Dispatch(TorchDispatchMode):
+    """The tracer's mode on one thread's stack: records each ATen op (see :meth:`OpTracer.record`)."""
+
     def __init__(self, tracer: OpTracer) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.tracer = tracer
+        # The outputs of this thread's last recorded op run with grad enabled, with the op's site and module:
+        # autograd sets their grad_fn after the op returns, so their nodes are noted when the next op starts.
+        self.made: tuple[list[torch.Tensor], tuple[str, int, str], str] | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -368,14 +411,18 @@ class _Dispatch(TorchDispatchMode):
         info = _OP_INFO.get(func) or _op_info(func)
         kind = info[1]
         if not tr.recording or kind == _SKIP:
-            if not tr.recording and tr.fps.last:  # ops that run unrecorded may change them
-                tr.fps.last = []
+            if not tr.recording:
+                if tr.fps.last:  # ops that run unrecorded may change them
+                    tr.fps.last = []
+                self.made = None
             return func(*args, **kwargs) if kwargs else func(*args)
+        if self.made is not None:
+            self.note_nodes()
         fps = tr.fps
         if fps._pending:
             fps.commit()
         ins = _arg_tensors(args, kwargs)
-        in_fps = fps.get(ins) if ins else []
+        in_fps = fps.inputs(ins) if ins else []
         fps.last = []  # used up: an op that fails half-way through leaves nothing to trust
         values = tr.values
         if values is not None:  # inputs before the op runs (an in-place op overwrites them)
@@ -385,7 +432,7 @@ class _Dispatch(TorchDispatchMode):
         if kind == _EMPTY:
             out_fps = fps.mark_uninitialized(outs)
         elif outs:
-            out_fps = fps.get(outs, fresh=True)  # the small ones become fps.last
+            out_fps = fps.outputs(outs)  # the small ones become fps.last
         else:
             out_fps = [_scalar_repr(out)]
         if kind != _EMPTY and values is not None:
@@ -393,55 +440,24 @@ class _Dispatch(TorchDispatchMode):
         gen = None
         if kind == _RNG:
             gen = "global" if not kwargs or kwargs.get("generator") is None else "private"
-        tr.record(info[0], in_fps, out_fps, gen)
+        site, module = tr.record(info[0], in_fps, out_fps, gen, sys._getframe(1))
+        if outs and site is not None and _grad_enabled() and _any_requires_grad(ins):
+            self.made = (outs, site, module)
         return out
 
-
-class _Function(TorchFunctionMode):
-    """Notes the user's source line of each torch call, and which line/module created each autograd node."""
-
-    def __init__(self, tracer: OpTracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def note_nodes(self) -> None:
+        """Note which line and module created the autograd nodes of the last op's outputs (first one wins)."""
+        made, self.made = self.made, None
+        if made is None:
+            return
+        outs, site, module = made
         tr = self.tracer
-        if not tr.recording:
-            return func(*args, **kwargs) if kwargs else func(*args)
-        prev = tr.site
-        site: FrameType | tuple[str, int, str] | None
-        # The caller's frame, resolved to the user's line only when an op or autograd node needs it: most calls
-        # (attribute reads such as ``p.grad``) need neither. While the call runs, the frame stays at its line.
-        tr.site = sys._getframe(1)
-        tr.depth += 1
-        try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
-        finally:
-            tr.depth -= 1
-            site, tr.site = tr.site, prev
-        if type(out) in _LEAF_TYPES or not _grad_enabled():
-            return out
-        if type(out) is _Tensor:  # most calls: one plain tensor
-            node = out.grad_fn
-            if node is not None and id(node) not in tr.node_sites:
-                self._note(node, site)
-        else:
-            for t in _tensors(out, []):
-                node = t.grad_fn
-                if node is not None and id(node) not in tr.node_sites and not self._note(node, site):
-                    break
-        return out
-
-    def _note(self, node: Any, site: FrameType | tuple[str, int, str] | None) -> bool:
-        """Remember which line and module created an autograd node; False when the line is unknown."""
-        tr = self.tracer
-        resolved = _resolved(site)
-        if resolved is None:
-            return False
-        tr.node_sites[id(node)] = (resolved, tr.module_path())
-        tr.nodes.append(node)  # keep alive so ids stay unique while tracing
-        return True
+        sites = tr.node_sites
+        for t in outs:
+            node = t.grad_fn
+            if node is not None and id(node) not in sites:
+                sites[id(node)] = (site, module)
+                tr.nodes.append(node)  # keep alive so ids stay unique while tracing
 
 
 _grad_enabled = torch.is_grad_enabled
@@ -449,8 +465,15 @@ _current_autograd_node = torch._C._current_autograd_node
 
 
 _active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
-_current_function_mode = getattr(torch.overrides, "_get_current_function_mode", None)
 _current_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", None)
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _in_backward() -> bool:
+    """Whether this thread is inside a backward pass (e.g. in a hook that ``loss.backward()`` runs)."""
+    if _graph_task_id is not None:
+        return bool(_graph_task_id() != -1)
+    return _current_autograd_node() is not None
 
 
 def _before_fork() -> None:
@@ -500,7 +523,6 @@ class OpTracer:
         self.count = 0
         self.step: int | None = None  # set by the recorder: which training step the ops belong to
         self.fps = _FpCache()
-        self.site: FrameType | tuple[str, int, str] | None = None  # a frame until resolved by _resolved()
         self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
         self.nodes: list[Any] = []
         self._names: dict[int, str] = {}
@@ -511,7 +533,6 @@ class OpTracer:
         self._codes: dict[tuple[str, int, str], str] = {}  # site -> the text of its line (see _code)
         self._parts: dict[tuple[Any, ...], tuple[str, str]] = {}  # see _fixed_parts
         self.recording = False  # ops are being recorded
-        self.depth = 0  # > 0 while inside our torch-function handler, where the mode stack cannot change
         self.values = OpValues.from_env() if self.path else None  # tensor copies for compare --locate (opvalues)
 
     # --- context ------------------------------------------------------------------------------------
@@ -525,28 +546,38 @@ class OpTracer:
             name = self._names.setdefault(id(mod), type(mod).__name__)
         return name
 
-    def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None) -> None:
-        """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private"."""
+    def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None,
+               frame: FrameType | None = None) -> tuple[tuple[str, int, str] | None, str]:
+        """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private";
+        ``frame``: where the op was called from (its site: the innermost frame outside torch and torchrepro). A
+        backward op gets the site and module that created its autograd node.
+
+        Returns the site and module that the autograd nodes of the op's outputs are to be noted with: the op's
+        own, or for a backward op that builds a graph (``create_graph=True``) the line that ran the backward."""
         context = self._context
         stack = context.stack
         module = stack[-1] if stack else ""  # self.module_path(), inline (once per op)
-        site = self.site
-        if type(site) is FrameType:  # once per torch call, however many ops it runs
-            site = self.site = _site_of(site)
+        site: tuple[str, int, str] | None
         if context.in_optimizer:
             phase = "optimizer"
+            site = _site_of(frame)
+            made = site, module
         else:
             node = _current_autograd_node()
             if node is None:
                 phase = "forward"
+                site = _site_of(frame)
+                made = site, module
             else:
                 phase = "backward"
+                made = (_site_of(frame) if _grad_enabled() else None), module
                 found = self.node_sites.get(id(node))
                 site, module = found if found is not None else (None, module)
         self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
         self.count += 1
         if len(self._queue) >= _QUEUE_RECORDS:
             self.flush()
+        return made
 
     def flush(self) -> None:
         """Turn the queued records into ``ops`` entries and JSON lines (written to the file's buffer).
@@ -663,10 +694,9 @@ class OpTracer:
         """Put the modes on this thread's mode stacks (they are thread-local), unless they are there."""
         ident = threading.get_ident()
         if ident not in self._modes:
-            modes: list[Any] = [_Function(self), _Dispatch(self)]
-            for m in modes:
-                m.__enter__()
-            self._modes[ident] = modes
+            mode = _Dispatch(self)
+            mode.__enter__()  # type: ignore[no-untyped-call]
+            self._modes[ident] = [mode]
 
     def _leave_thread(self) -> None:
         """A traced thread ends: its modes go with it (popped when still on top)."""
@@ -681,6 +711,9 @@ class OpTracer:
         """Stop recording. Called from inside a traced torch call (e.g. a hook run by ``loss.backward()``),
         the modes stay on the stacks, passing ops through, until :meth:`settle` is called from outside."""
         self.recording = False
+        for modes in list(self._modes.values()):
+            for m in modes:
+                m.made = None  # the last op's outputs: not kept alive until the next op
         try:
             self.flush()
             if self._file is not None:  # what was recorded is on disk, even if the script ends with os._exit
@@ -691,7 +724,7 @@ class OpTracer:
     def settle(self) -> None:
         """Take the modes off this thread's stacks if recording has stopped and it is safe to do so now; once
         no thread holds them, release everything (the file is closed)."""
-        if not self._modes or self.recording or self.depth:
+        if not self._modes or self.recording or _in_backward():  # popped mid-backward, it would come back after
             return
         ident = threading.get_ident()
         modes = self._modes.get(ident)
@@ -707,7 +740,6 @@ class OpTracer:
         """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
         self._context.remove()
         self.node_sites.clear()
-        self.site = None  # never keep a caller's frame (and its locals) alive
         self.nodes.clear()
         self.fps.clear()
         try:
@@ -727,9 +759,9 @@ class OpTracer:
     def _modes_on_top(modes: list[Any]) -> bool:
         """Whether ``modes`` are the innermost ones of this thread: leaving a mode pops the top of the stack, so
         a tracer stopped while another started later is still on is kept (passing ops through) until then."""
-        if _current_function_mode is None or _current_dispatch_mode is None:
+        if _current_dispatch_mode is None:
             return True
-        return _current_function_mode() is modes[0] and _current_dispatch_mode() is modes[1]
+        return bool(_current_dispatch_mode() is modes[-1])
 
 
 def _user_code(thread: threading.Thread) -> bool:
