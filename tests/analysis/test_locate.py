@@ -192,6 +192,21 @@ def test_tracer_is_removed_after_use():
     assert _get_current_dispatch_mode() is None
 
 
+def test_the_tracer_keeps_no_autograd_graph_alive():
+    # a graph the script drops is freed while tracing goes on, with the tensors it saved: keeping nodes alive
+    # changed what autograd did (a reentrant checkpoint's input gradient was copied instead of moved)
+    import weakref
+
+    x = torch.randn(100, requires_grad=True)
+    with torchrepro.trace_ops():
+        a = x * 2
+        kept = weakref.ref(a)
+        y = a.sin()  # its node saves `a`
+        del a, y
+        torch.ones(1).add(1)  # the tracer holds the last op's outputs until the next op starts, no longer
+        assert kept() is None
+
+
 def test_a_tracer_stopped_inside_backward_leaves_the_mode_stack_once_settled():
     # the recorder stops tracing in a hook that loss.backward() runs; a mode popped there would come back when
     # the backward pass restores its thread-local state, and pass every later op through Python for good

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import sys
@@ -451,13 +452,13 @@ class _Dispatch(TorchDispatchMode):
         if made is None:
             return
         outs, site, module = made
-        tr = self.tracer
-        sites = tr.node_sites
+        key = self.tracer.node_key
         for t in outs:
-            node = t.grad_fn
-            if node is not None and id(node) not in sites:
-                sites[id(node)] = (site, module)
-                tr.nodes.append(node)  # keep alive so ids stay unique while tracing
+            node: Any = t.grad_fn  # Any: torch's stubs type Node.metadata, a property, as a method
+            if node is not None:
+                meta = node.metadata  # the node's own dict: nothing is kept alive, no id is ever reused
+                if key not in meta:
+                    meta[key] = (site, module)
 
 
 _grad_enabled = torch.is_grad_enabled
@@ -465,6 +466,7 @@ _current_autograd_node = torch._C._current_autograd_node
 
 
 _active_tracers: weakref.WeakSet[OpTracer] = weakref.WeakSet()
+_TRACER_NUMBERS = itertools.count()
 _current_dispatch_mode = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode", None)
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
 
@@ -523,8 +525,8 @@ class OpTracer:
         self.count = 0
         self.step: int | None = None  # set by the recorder: which training step the ops belong to
         self.fps = _FpCache()
-        self.node_sites: dict[int, tuple[tuple[str, int, str], str]] = {}
-        self.nodes: list[Any] = []
+        # Where each autograd node was made: (site, module) in the node's metadata under this key (see _Dispatch)
+        self.node_key = f"torchrepro.optrace.{next(_TRACER_NUMBERS)}"
         self._names: dict[int, str] = {}
         self._context = ModuleContext(self._module_name)
         self._modes: dict[int, list[Any]] = {}  # thread ident -> the modes entered on that thread's stacks
@@ -563,7 +565,7 @@ class OpTracer:
             site = _site_of(frame)
             made = site, module
         else:
-            node = _current_autograd_node()
+            node: Any = _current_autograd_node()
             if node is None:
                 phase = "forward"
                 site = _site_of(frame)
@@ -571,7 +573,7 @@ class OpTracer:
             else:
                 phase = "backward"
                 made = (_site_of(frame) if _grad_enabled() else None), module
-                found = self.node_sites.get(id(node))
+                found = node.metadata.get(self.node_key)
                 site, module = found if found is not None else (None, module)
         self._queue.append((self.count, self.step, op, phase, module, site, in_fps, out_fps, generator))
         self.count += 1
@@ -739,8 +741,6 @@ class OpTracer:
     def _release(self) -> None:
         """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
         self._context.remove()
-        self.node_sites.clear()
-        self.nodes.clear()
         self.fps.clear()
         try:
             self.flush()
