@@ -3,9 +3,9 @@
 Targets: fingerprint >= 0.8x the throughput of tensor.sum(), and >= 5x that of sha256.
 Also printed: the CPU fingerprint hashed in one thread, the on-device algorithm (splitmix64 sums, what
 CUDA tensors use) run on the CPU, for reference, and the machine's memory bandwidth as a plain copy
-(``dst.copy_(x)``, on torch's threads and on one) measures it: both sum and the fingerprint read every byte
-once, so a ratio below 0.8x with sum near the copy's read rate means memory is not the limit, XXH3's speed
-per core is (the last lines say which).
+(``dst.copy_(x)``, on torch's threads and on one) measures it. Both sum and the fingerprint read every byte
+once; the last lines say what limits the ratio here: XXH3's speed per core (when sum reads faster than XXH3 at
+its one-core speed could hash on every core, e.g. a tensor served from a large cache) or memory bandwidth.
 Run: python benchmarks/bench_fingerprint.py [--quick]
 """
 
@@ -77,10 +77,21 @@ def main(argv: list[str] | None = None) -> int:
           f"written; sum reads at {times['plain copy'] / times['tensor.sum()']:.2f}x, the fingerprint at "
           f"{copy / fp:.2f}x the copy's read rate")
     per_core = x.numel() * 4 / times["fingerprint, 1 thread"] / 1e9
-    print(f"  XXH3 on one core: {per_core:.2f} GB/s; {torch.get_num_threads()} cores at that speed: "
-          f"{per_core * torch.get_num_threads():.2f} GB/s "
-          f"({'above' if per_core * torch.get_num_threads() > bandwidth else 'below'} the copy's read rate: "
-          f"{'memory' if per_core * torch.get_num_threads() > bandwidth else 'hashing speed per core'} is the limit)")
+    cores = torch.get_num_threads()
+    sum_rate = x.numel() * 4 / times["tensor.sum()"] / 1e9
+    ceiling = per_core * cores / sum_rate  # the best fingerprint / sum if XXH3 ran at its one-core speed on each
+    print(f"  XXH3 on one core: {per_core:.2f} GB/s; on {cores} cores at that speed: {per_core * cores:.2f} GB/s, "
+          f"{ceiling:.2f}x sum's {sum_rate:.2f} GB/s")
+    cached = sum_rate > 1.2 * bandwidth  # sum reads faster than a plain copy moves the bytes: served from cache
+    where = "from cache (faster than a plain copy moves it)" if cached else "at about memory speed"
+    if ceiling < 0.8:
+        print(f"  limit here: XXH3's speed per core. sum reads the tensor {where}, faster than XXH3 can hash it "
+              f"on every core ({ceiling:.2f}x); the rest of the gap ({vs_sum:.2f}x measured) is splitting the "
+              "tensor over threads")
+    else:
+        print(f"  limit here: not XXH3's speed (on every core it would reach {ceiling:.2f}x sum). sum reads the "
+              f"tensor {where}: " + ("splitting the tensor over threads costs the rest" if cached else
+                                     "memory bandwidth and splitting the tensor over threads"))
     if "torch.hash_tensor" in times:
         print(f"throughput ratio fingerprint / torch.hash_tensor = {times['torch.hash_tensor'] / fp:.2f}x "
               "(hash_tensor is XOR-based and does not see swapped values)")
