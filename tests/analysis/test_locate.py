@@ -146,6 +146,16 @@ def test_every_backward_op_points_to_the_forward_line_and_module_that_made_its_n
     assert all(line is not None for _, line, _ in sites), sites
 
 
+def test_an_op_run_from_the_standard_library_points_to_the_users_line():
+    import copy
+
+    x = torch.randn(3)
+    with torchrepro.trace_ops() as trace:
+        copy.deepcopy(x)  # DEEPCOPY-LINE
+    lines = {op["line"] for op in trace.ops}
+    assert lines == {_line_of(Path(__file__), "DEEPCOPY-LINE")}, [(op["file"], op["line"]) for op in trace.ops]
+
+
 def test_backward_ops_of_a_graph_built_by_backward_point_to_the_line_that_built_it():
     torch.manual_seed(0)
     lin = nn.Linear(3, 1)

@@ -2,7 +2,8 @@
 the user's source line.
 
 Built on one ``TorchDispatchMode`` (one record per ATen op, below autograd). A forward or optimizer op's source
-line is the innermost frame outside torch and torchrepro when the op runs. Autograd gives an op's outputs their
+line is the innermost frame outside torch, torchrepro and (where the user's code is further out) the standard
+library when the op runs. Autograd gives an op's outputs their
 node (``grad_fn``) only after the op returns, so the tracer notes the node with the op's line and module when the
 next op starts; a backward op then points to the forward line that created its node.
 
@@ -80,15 +81,35 @@ def _is_internal(name: str) -> bool:
     return internal
 
 
+_STDLIB_DIR = os.path.join(os.path.dirname(os.__file__), "")
+_STDLIB_FILES: dict[str, bool] = {}  # file name -> whether it is in Python's standard library (not site-packages)
+
+
+def _in_stdlib(name: str) -> bool:
+    found = _STDLIB_FILES.get(name)
+    if found is None:
+        found = name.startswith(_STDLIB_DIR) and "-packages" not in name[len(_STDLIB_DIR):]
+        if len(_STDLIB_FILES) > 10_000:  # code made by exec() under ever new names: stay bounded
+            _STDLIB_FILES.clear()
+        _STDLIB_FILES[name] = found
+    return found
+
+
 def _site_of(frame: FrameType | None) -> tuple[str, int, str] | None:
-    """(file, line, code) of the innermost frame, from ``frame`` outwards, outside torch and torchrepro."""
+    """(file, line, code) of the innermost frame, from ``frame`` outwards, outside torch and torchrepro, and
+    outside Python's standard library unless no frame further out is the user's (``copy.deepcopy(x)`` runs
+    ``x.clone()`` from copy.py: the user's line is the deepcopy call)."""
     f = frame
+    stdlib = None
     while f is not None:
         name = f.f_code.co_filename
         if not _is_internal(name):
-            return name, f.f_lineno, ""
+            if not _in_stdlib(name):
+                return name, f.f_lineno, ""
+            if stdlib is None:
+                stdlib = name, f.f_lineno, ""
         f = f.f_back
-    return None
+    return stdlib
 
 
 _MAX_SOURCE_BYTES = 16 << 20  # a source file larger than this is not read for its line's text
