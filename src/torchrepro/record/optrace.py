@@ -3,9 +3,9 @@ the user's source line.
 
 Built on one ``TorchDispatchMode`` (one record per ATen op, below autograd). A forward or optimizer op's source
 line is the innermost frame outside torch, torchrepro and (where the user's code is further out) the standard
-library when the op runs. Autograd gives an op's outputs their
-node (``grad_fn``) only after the op returns, so the tracer notes the node with the op's line and module when the
-next op starts; a backward op then points to the forward line that created its node.
+library when the op runs. Autograd gives an op's outputs their node (``grad_fn``) only after the op returns, so
+the tracer notes the node, in the node's own metadata, with the op's line and module when the next op starts; a
+backward op then points to the forward line that created its node.
 
 Example:
     >>> import collections, torch, torchrepro
@@ -369,7 +369,7 @@ _encode = _json_encoder()
 
 def _fps_json(fps: list[str]) -> str:
     """``_encode(fps)`` for a list of strings; plain ones (printable ASCII without quotes or backslashes, such as
-    hex digests) are joined as they are."""
+    hex digests) are joined as they are, and a single ASCII-alphanumeric one (a digest) is quoted at once."""
     if len(fps) == 1:  # most ops: one output, a hex digest (ASCII letters and digits need no escaping)
         text = fps[0]
         if text.isalnum() and text.isascii():
