@@ -36,14 +36,17 @@ def test_small_path_agrees_with_the_checked_path_or_declines():
              "conj": torch.randn(3, dtype=torch.complex64).conj(), "transposed": torch.randn(3, 3).t(),
              "neg": torch.randn(3, dtype=torch.complex64).conj().imag, "empty": torch.zeros(0),
              "big": torch.randn(5000), "channels_last": torch.randn(1, 2, 3, 4).to(memory_format=torch.channels_last)}
-    taken = {name for name, t in cases.items() if fp_mod.small_cpu_fingerprint(t) is not None}
+    cases |= {"sparse": torch.eye(3).to_sparse(), "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+              "meta": torch.empty(4, device="meta")}
+    taken = {name for name, t in cases.items() if fp_mod.small_cpu_fingerprint_at(t) is not None}
     assert taken == {"plain", "offset view", "bool"}
     for name in taken:
-        assert fp_mod.small_cpu_fingerprint(cases[name]) == torchrepro.fingerprint(cases[name]), name
+        t = cases[name]
+        assert fp_mod.small_cpu_fingerprint_at(t) == (torchrepro.fingerprint(t), t.data_ptr()), name
     freed, shrunk = torch.randn(16), torch.randn(16)
     freed.untyped_storage().resize_(0)
     shrunk.untyped_storage().resize_(8)  # the address is valid, the end is not
-    assert fp_mod.small_cpu_fingerprint(freed) is None and fp_mod.small_cpu_fingerprint(shrunk) is None
+    assert fp_mod.small_cpu_fingerprint_at(freed) is None and fp_mod.small_cpu_fingerprint_at(shrunk) is None
 
 
 def test_an_output_changed_in_place_is_hashed_again():

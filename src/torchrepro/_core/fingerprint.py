@@ -465,16 +465,10 @@ def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
     return _digest_xxh3(t, buf, header)
 
 
-def small_cpu_fingerprint(t: torch.Tensor) -> str | None:
-    """``fingerprint(t)`` for a plain contiguous CPU tensor of at most ``_SMALL_BYTES`` bytes read in place;
-    ``None`` for every other tensor (call :func:`plain_cpu_fingerprint` or :func:`fingerprint` for those)."""
-    found = small_cpu_fingerprint_at(t)
-    return found[0] if found is not None else None
-
-
 def small_cpu_fingerprint_at(t: torch.Tensor) -> tuple[str, int] | None:
     """(``fingerprint(t)``, ``t.data_ptr()``) for a plain contiguous CPU tensor of at most ``_SMALL_BYTES`` bytes
-    read in place; ``None`` for every other tensor.
+    read in place; ``None`` for every other tensor (call :func:`plain_cpu_fingerprint` or :func:`fingerprint`
+    for those).
 
     The op tracer's hot path for small tensors, which it hashes again rather than looking them up in a cache:
     the checks of :func:`_direct_bytes` in one function, the cheap ones first (the size, so that a large tensor
