@@ -572,8 +572,8 @@ class OpTracer:
     def record(self, op: str, in_fps: list[str], out_fps: list[str], generator: str | None = None,
                frame: FrameType | None = None) -> tuple[tuple[str, int, str] | None, str]:
         """Queue one op record; ``generator``: for a random op, "global" (torch's default) or "private";
-        ``frame``: where the op was called from (its site: the innermost frame outside torch and torchrepro). A
-        backward op gets the site and module that created its autograd node.
+        ``frame``: where the op was called from (its site: see :func:`_site_of`). A backward op gets the site
+        and module that created its autograd node.
 
         Returns the site and module that the autograd nodes of the op's outputs are to be noted with: the op's
         own, or for a backward op that builds a graph (``create_graph=True``) the line that ran the backward."""
@@ -760,7 +760,7 @@ class OpTracer:
             self._release()
 
     def _release(self) -> None:
-        """No thread holds the modes any more: drop the hooks, caches and frames, write out and close the file."""
+        """No thread holds the modes any more: drop the hooks and caches, write out and close the file."""
         self._context.remove()
         self.fps.clear()
         try:
