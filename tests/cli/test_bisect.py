@@ -237,3 +237,125 @@ def test_a_script_the_commit_does_not_hold_is_named(tmp_path, monkeypatch, capsy
         f"the command fails at good ({good}): untracked.py is not in commit {good} (it is not committed in your "
         "checkout). Commit it, or run a script from outside the repository. Give a good commit where it runs.")
     assert "torchrepro-bisect-" not in doc["error"]
+
+
+def _run_bisect(root: Path, *args: str) -> tuple[int, dict, str]:
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
+                        "--out", str(root.parent / "out"), *args, "--", "python", "train.py"], cwd=root, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
+
+
+def test_good_on_a_side_branch_merged_later(tmp_path):
+    """Good is a commit of a side branch (not its tip) merged into main later: bad's first-parent history never
+    reaches it (`git log --first-parent --ancestry-path good..bad` is empty). Before the fix: no commit between,
+    NONE DIFFERS, with good's sha shown as bad's and HEAD never run."""
+    root = make_repo(tmp_path / "r", [("base", {"train.py": BASE})])
+    git(root, "checkout", "-q", "-b", "side")
+    for message, name in (("side: notes", "NOTES.md"), ("side: more notes", "MORE.md")):
+        (root / name).write_text(message + "\n")
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", message)
+    git(root, "checkout", "-q", "main")
+    (root / "train.py").write_text("# trains a tiny model\n" + BASE)
+    git(root, "commit", "-q", "-am", "main: a comment")
+    git(root, "merge", "-q", "--no-ff", "side", "-m", "merge side")
+    (root / "train.py").write_text("# trains a tiny model\n" + REVERSED)
+    git(root, "commit", "-q", "-am", "sum in reverse")
+    (root / "train.py").write_text("# trains a tiny model, reversed\n" + REVERSED)
+    git(root, "commit", "-q", "-am", "another comment")
+    good, head = git(root, "rev-parse", "side~1").strip(), git(root, "rev-parse", "HEAD").strip()
+
+    rc, doc, err = _run_bisect(root, "--good", "side~1")
+    assert rc == 0 and doc["verdict"] == "found", err
+    assert doc["good"]["sha"] == good and doc["bad"] == {"sha": head, "subject": "another comment"}
+    assert [c["subject"] for c in doc["chain"]] == ["side: notes", "merge side", "sum in reverse", "another comment"]
+    assert doc["first_bad_commit"]["subject"] == "sum in reverse"
+    assert doc["first_bad_commit"]["parent"]["subject"] == "merge side"
+    assert {t["subject"]: t["verdict"] for t in doc["tested"]} == {
+        "side: notes": "good", "another comment": "bad", "merge side": "good", "sum in reverse": "bad"}
+    assert f"good {good[:12]} is not on bad's first-parent history; it came in with the merge " in err
+
+
+RENAMABLE = BASE.replace("model = nn.Linear(8, 32)", """class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 32)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+model = Net()""")
+RENAMED = RENAMABLE.replace("self.fc", "self.proj")
+WIDER = RENAMED.replace("self.proj = nn.Linear(8, 32)", "self.proj = nn.Linear(8, 32)\n        self.extra = "
+                        "nn.Linear(32, 32)").replace("return self.proj(x)", "return self.extra(self.proj(x))")
+
+
+def test_a_renamed_layer_is_compared_by_position_and_an_other_model_is_skipped(tmp_path):
+    """A commit that only renames a layer builds the same model under other names: compared with good by position
+    (and said so), never counted as BAD. A commit whose model has other parameters cannot be compared: skipped, its
+    reason on one line. Before the fix both were BAD and FOUND named the rename; the real culprit was never run."""
+    root = make_repo(tmp_path / "r", [
+        ("good", {"train.py": RENAMABLE}),
+        ("rename the layer", {"train.py": RENAMED}),
+        ("an extra layer", {"train.py": WIDER}),
+        ("drop the extra layer", {"train.py": RENAMED + "\n"}),
+        ("sum in reverse", {"train.py": RENAMED.replace("out = h.sum(1,", "out = h.flip(1).sum(1,")}),
+        ("a comment", {"train.py": "# reversed\n" + RENAMED.replace("out = h.sum(1,", "out = h.flip(1).sum(1,")}),
+    ])
+    rc, doc, err = _run_bisect(root, "--good", "HEAD~5")
+    assert rc == 0 and doc["verdict"] == "found", err
+    assert doc["first_bad_commit"]["subject"] == "sum in reverse"
+    assert doc["first_bad_commit"]["parent"]["subject"] == "drop the extra layer"
+    tested = {t["subject"]: t for t in doc["tested"]}
+    assert {s: t["verdict"] for s, t in tested.items()} == {
+        "good": "good", "a comment": "bad", "an extra layer": "skip", "drop the extra layer": "good",
+        "sum in reverse": "bad"}
+    renamed = {"proj.weight": "fc.weight", "proj.bias": "fc.bias"}
+    assert tested["drop the extra layer"]["compare"]["verdict"] == "identical"
+    assert tested["drop the extra layer"]["compare"]["renamed"] == renamed
+    assert tested["sum in reverse"]["compare"]["renamed"] == renamed
+    assert tested["an extra layer"]["reason"] == (
+        "not comparable with good: good's model has 2 parameter(s) that this commit's lacks: fc.weight, fc.bias; this "
+        "commit's model has 4 parameter(s) that good's lacks: proj.weight, proj.bias, extra.weight, extra.bias")
+
+    from torchrepro.cli._bisect_render import render_bisect
+
+    lines = render_bisect(doc).splitlines()
+    table = lines[lines.index("Commits (oldest first; - = not tested):") + 1:][:6]
+    assert len(table) == 6 and all(line.startswith("  ") for line in table)
+    assert table[2].split()[:2] == ["2", "skip"] and table[2].endswith(
+        "  not comparable with good: good's model has 2 parameter(s) that this commit's lacks: fc.weight, fc...")
+    assert table[3].endswith("  identical (2 parameter(s) renamed since good, compared by position: proj.weight "
+                             "was fc.weight, ...)")
+
+
+def test_a_bad_commit_not_comparable_with_good_is_exit_2(tmp_path):
+    """Bad's model has other parameters than good's: its run says nothing about good's, so bisect stops with the
+    reason (before the fix: FOUND, naming the commit that added a layer as the one whose run differs)."""
+    root = make_repo(tmp_path / "r", [("good", {"train.py": RENAMED}), ("an extra layer", {"train.py": WIDER})])
+    rc, doc, err = _run_bisect(root, "--good", "HEAD~1")
+    assert rc == 2 and doc["verdict"] == "error", err
+    assert doc["error"].startswith("the runs are not comparable:\n  - bad's model has 2 parameter(s) that good's "
+                                   "lacks: extra.weight, extra.bias\nBisect compares each commit's run with good's (")
+    assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_multi_line_reason_stays_on_its_row():
+    from torchrepro.cli._bisect_render import render_bisect
+
+    chain = [{"sha": "a" * 40, "subject": "good", "verdict": "good"},
+             {"sha": "b" * 40, "subject": "odd", "verdict": "skip"},
+             {"sha": "c" * 40, "subject": "bad", "verdict": "bad"}]
+    reason = "not comparable with good:\n  - run 2's model differs\n" + "x" * 200
+    doc = {"verdict": "ambiguous", "tolerance": {"bitwise": True}, "candidates": chain[1:], "good": chain[0],
+           "bad": chain[2], "commits": 2, "recordings": 3, "command": "python train.py", "out": "out",
+           "tested": [{"sha": c["sha"], "reason": reason if c["verdict"] == "skip" else None,
+                       "compare": None if c["verdict"] == "skip" else {"verdict": "identical"}} for c in chain],
+           "chain": chain}
+    lines = render_bisect(doc).splitlines()
+    row = lines[lines.index("Commits (oldest first; - = not tested):") + 2]
+    assert row == (f"    1  skip  {'b' * 12} 'odd'{' ' * 52}  not comparable with good: - run 2's model differs "
+                   + "x" * 47 + "...")
+    assert lines[lines.index("Commits (oldest first; - = not tested):") + 3].startswith("    2  BAD ")

@@ -195,14 +195,14 @@ def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path)
 
 
 def test_enospc_on_check_json_prints_the_verdict_and_exits_2(tmp_path, monkeypatch, capsys):
-    from torchrepro.cli import check_cmd, main
+    from torchrepro.cli import _output, main
 
     (tmp_path / "train.py").write_text(PLAIN)
 
     def full(path, obj):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(check_cmd, "atomic_write_json", full)
+    monkeypatch.setattr(_output, "atomic_write_json", full)  # the one verdict writer saves check.json
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     out = tmp_path / "out"
@@ -249,12 +249,12 @@ def _identical() -> CheckResult:
 
 def test_ranks_check_json_on_a_full_disk_prints_one_document_and_exits_2(tmp_path, monkeypatch, capsys):
     from torchrepro.analysis.rankcompare import RanksCheck
-    from torchrepro.cli import _ranks
+    from torchrepro.cli import _output, _ranks
 
     def full(path, obj):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(_ranks, "atomic_write_json", full)
+    monkeypatch.setattr(_output, "atomic_write_json", full)
     check_ = RanksCheck(nproc=2, per_rank=[_identical(), _identical()], desync=[None, None])
     assert _ranks.finish_ranks(check_, tmp_path, what="`python t.py`", as_json=True) == 2
     captured = capsys.readouterr()

@@ -25,9 +25,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .._core.errors import RunsNotComparableError
 from ..record.gitrepo import FileHunks
+from ..record.store import Run
+
+if TYPE_CHECKING:
+    import torch
+
+    from .crossrun import CompareResult
+    from .tolerance import Tolerance
 
 VERDICTS = ("good", "bad", "skip")
 
@@ -73,6 +81,72 @@ class Search:
     def first_bad(self) -> int | None:
         """The first bad index when it is known (no untestable commit before it in the range)."""
         return self.hi if self.hi - self.lo == 1 else None
+
+
+# --- comparing a commit's run with good's when parameters were renamed -------------------------------------------
+_RENAMED_PARTS = ("params", "grads", "state")  # the trace's parts keyed by parameter name ("name.key" in state)
+
+
+class RenamedRun(Run):
+    """A run whose parameters are named by ``renames`` (``{its name: new name}``), in its trace and its values;
+    optimizer state ``"name.key"`` follows its parameter. ``torch.compile``'s ``_orig_mod.`` is dropped first."""
+
+    def __init__(self, run: Run, renames: dict[str, str]) -> None:
+        self.renames = dict(renames)
+        events = [e | {p: {self.name(k): v for k, v in e[p].items()} for p in _RENAMED_PARTS
+                       if isinstance(e.get(p), dict)} for e in run.events]
+        super().__init__(path=run.path, manifest=run.manifest, events=events)
+
+    def name(self, key: str) -> str:
+        from .crossrun import plain_name
+
+        key = plain_name(key)
+        if key in self.renames:
+            return self.renames[key]
+        parts = key.split(".")
+        for i in range(len(parts) - 1, 0, -1):  # "fc.weight.momentum_buffer": the longest renamed prefix
+            head = ".".join(parts[:i])
+            if head in self.renames:
+                return self.renames[head] + "." + ".".join(parts[i:])
+        return key
+
+    def values(self, name: str, *, mmap: bool = False) -> dict[str, torch.Tensor] | None:
+        found = super().values(name, mmap=mmap)
+        return None if found is None else {self.name(k): v for k, v in found.items()}
+
+
+def positional_renames(run_a: Run, run_b: Run) -> dict[str, str] | None:
+    """``{b's name: a's name}`` for the parameters whose names differ at the same position, when both runs list
+    the same number of parameters under other names (a layer renamed); None otherwise."""
+    from .compare import _param_names
+    from .crossrun import plain_name
+
+    names_a, names_b = _param_names(run_a), _param_names(run_b)
+    if names_a is None or names_b is None or len(names_a) != len(names_b):
+        return None
+    names_a, names_b = [plain_name(n) for n in names_a], [plain_name(n) for n in names_b]
+    if set(names_a) == set(names_b) or len(set(names_b)) != len(names_b):
+        return None
+    return {b: a for a, b in zip(names_a, names_b) if a != b}
+
+
+def compare_commits(run_a: Run, run_b: Run, tol: Tolerance) -> tuple[CompareResult, dict[str, str]]:
+    """``compare_commands(run_a, run_b, tol)``; when the parameter names differ but their number, order and
+    shapes agree (a rename), run_b's parameters are compared with run_a's by position. Returns the result and
+    the renames (``{b's name: a's name}``, empty when names matched); raises the first
+    :class:`RunsNotComparableError` when the runs cannot be compared either way."""
+    from .crossrun import compare_commands
+
+    try:
+        return compare_commands(run_a, run_b, tol), {}
+    except RunsNotComparableError as exc:
+        renames = positional_renames(run_a, run_b)
+        if not renames:
+            raise
+        try:
+            return compare_commands(run_a, RenamedRun(run_b, renames), tol), renames
+        except RunsNotComparableError:
+            raise exc from None
 
 
 # --- the localization's source lines against the commit's diff -------------------------------------------------

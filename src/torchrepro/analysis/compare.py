@@ -21,7 +21,8 @@ import torch
 from .._core.errors import RunsNotComparableError
 from .._core.fingerprint import LEGACY_ALGORITHM, UNREADABLE
 from ..record.store import Run
-from ..record.workdir import shared_text
+from ..record.workdir import left_out_text, shared_text
+from .causes import SHARED_CWD, cause
 
 SCHEMA = "torchrepro.check/1"
 
@@ -37,41 +38,6 @@ LABELS = {
     "steps": "number of steps",
 }
 
-# cause class -> (explanation, next action)
-CAUSES: dict[str, tuple[str, str]] = {
-    "initial-weights": (
-        "The initial parameters differ between runs: the model is initialised from unseeded random numbers.",
-        "Seed before building the model: call torchrepro.seed_everything(SEED) (or torch.manual_seed) at the "
-        "top of the script, or rerun with `torchrepro check --seed 0 -- ...` to confirm.",
-    ),
-    "data": (
-        "The runs saw different data batches while the parameters were still identical: DataLoader shuffling "
-        "or data augmentation draws unseeded random numbers.",
-        "Seed the data path: pass generator=torchrepro.make_generator(SEED) and "
-        "worker_init_fn=torchrepro.seed_worker to the DataLoader, and draw augmentation randomness from "
-        "seeded generators (random, numpy, torch) rather than os.urandom or fresh unseeded generators.",
-    ),
-    "compute": (
-        "Identical inputs and parameters produced different results: a nondeterministic kernel (e.g. a "
-        "scatter/index_put_ accumulation, atomicAdd on GPU, cuDNN autotuning) or an unseeded random op "
-        "(dropout with its own generator).",
-        "Rerun with `torchrepro check --deterministic -- ...` to confirm it is a kernel; "
-        "`torchrepro check --locate -- ...` names the operation and its source line.",
-    ),
-    "steps": (
-        "Every recorded value matches, but the runs took different numbers of steps: control flow depends on "
-        "something unseeded or on timing (early stopping on wall-clock, data-dependent loops).",
-        "Look for branches or loop bounds that depend on time, unseeded randomness or the environment.",
-    ),
-    "shared-working-directory": (
-        "The runs shared the working directory and a later run read what an earlier one wrote there: {files}. The "
-        "runs did not start from the same state, so this comparison does not show whether the script is "
-        "reproducible.",
-        "Delete those files before each run, point the script's output elsewhere, or rerun with "
-        "`torchrepro check --fresh-cwd -- ...` (each run in its own copy of the working directory).",
-    ),
-}
-SHARED_CWD = "shared-working-directory"
 
 
 @dataclass
@@ -129,7 +95,7 @@ class CheckResult:
     def action(self) -> str | None:
         if self.next_action:
             return self.next_action
-        return CAUSES[self.cause][1] if self.cause else None
+        return cause(self.cause).wording("check").action if self.cause else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -162,26 +128,30 @@ class CheckResult:
         }
 
 
-def explain(cause: str, working_directory: dict[str, Any] | None = None) -> str:
+def explain(name: str, working_directory: dict[str, Any] | None = None) -> str:
     """The cause's explanation; for a shared working directory, with the files named."""
     shared = (working_directory or {}).get("read_from_earlier_run") or []
-    return CAUSES[cause][0].format(files=shared_text(shared))
+    return cause(name).wording("check").explanation.format(files=shared_text(shared))
 
 
 def shared_workdir_warning(shared: list[dict[str, Any]]) -> str | None:
     """What to tell when later runs read files an earlier run wrote in the shared working directory (or None)."""
-    return f"{explain(SHARED_CWD, {'read_from_earlier_run': shared})} {CAUSES[SHARED_CWD][1]}" if shared else None
+    action = cause(SHARED_CWD).wording("check").action
+    return f"{explain(SHARED_CWD, {'read_from_earlier_run': shared})} {action}" if shared else None
 
 
 def note_shared_workdir(result: CheckResult, watch: dict[str, Any]) -> None:
     """Attach ``check``'s watch on its working directory to ``result``. When a later run read what an earlier
     one wrote there, the comparison is void: a divergence is blamed on that (the cause found otherwise is kept
-    as ``cause_otherwise``), and an identical verdict gets the warning."""
+    as ``cause_otherwise``), and an identical verdict gets the warning. With ``--fresh-cwd``, what the copies
+    left out (FIFOs, sockets, devices) is a note."""
     shared = watch.get("read_from_earlier_run") or []
     result.working_directory = watch | {"warning": shared_workdir_warning(shared)}
     if shared and result.verdict == "diverged":
         result.working_directory["cause_otherwise"] = result.cause
         result.cause = SHARED_CWD
+    if watch.get("not_copied"):
+        result.notes.append(left_out_text({e["path"]: e["kind"] for e in watch["not_copied"]}, str(watch.get("root"))))
     if watch.get("watch_truncated"):
         result.notes.append(f"The working directory holds more than {watch.get('watched_entries_limit')} files and "
                             "folders: only the first ones were watched for files one run writes and a later run "

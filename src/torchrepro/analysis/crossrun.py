@@ -28,42 +28,14 @@ from typing import Any
 import torch
 
 from ..record.store import Run
-from .compare import KINDS, LABELS, SHARED_CWD, CheckResult, compare_runs, note_shared_workdir
+from .causes import SHARED_CWD
+from .causes import cause as registered
+from .compare import KINDS, LABELS, CheckResult, compare_runs, note_shared_workdir
 from .tolerance import Tolerance, ValueDelta, scalar_delta, value_delta
 
 SCHEMA = "torchrepro.compare/1"
 _COMPILED = re.compile(r"(^|\.)_orig_mod\.")
 
-# cause -> (explanation, next action), for two different commands (check's causes speak of nondeterminism)
-CAUSES: dict[str, tuple[str, str]] = {
-    "initial-weights": (
-        "The two commands start from different initial parameters: they build or initialise the model "
-        "differently (another seed, initialisation, dtype or architecture).",
-        "Give both the same seed (`--seed 0`) and the same initialisation, or compare from a common checkpoint.",
-    ),
-    "data": (
-        "The two commands fed different data batches while the parameters were still the same: another data "
-        "order, augmentation, batch size or preprocessing.",
-        "Make the data path the same in both (seeded DataLoader generator, same transforms), or accept that "
-        "the runs cannot agree.",
-    ),
-    "compute": (
-        "The same parameters and data gave different results: the two commands compute differently: another op "
-        "or order of operations, precision (dtype, autocast, TF32), kernels (threads, deterministic mode, "
-        "device) or torch.compile's generated code.",
-        "`torchrepro compare --locate {a} {b}` names the first op that computes differently, with its module and "
-        "source line on both sides{tolerance}.",
-    ),
-    "steps": (
-        "Every recorded value matches, but the commands ran different numbers of steps.",
-        "Give both the same number of steps (`--max-steps K`), or look for loop bounds that differ.",
-    ),
-    "shared-working-directory": (
-        "B read what A wrote in the working directory both commands ran in: {files}. The commands did not start "
-        "from the same state, so this comparison does not show what the change does to the numerics.",
-        "Delete those files before each command, or point the script's output elsewhere, then compare again.",
-    ),
-}
 VERDICT_EXIT = {"identical": 0, "equivalent": 0, "diverged": 1}
 
 
@@ -175,7 +147,7 @@ class CompareResult:
         shared = (self.check.working_directory or {}).get("read_from_earlier_run") or []
         files = ", ".join(f"B {s['how']} {s['path'] if s['path'] != '.' else 'the working directory'} "
                           f"({s['change']} by A)" for s in shared[:5]) + (" ..." if len(shared) > 5 else "")
-        return CAUSES[cause][0].format(files=files) if cause == SHARED_CWD else CAUSES[cause][0]
+        return registered(cause).wording("compare").explanation.format(files=files)
 
     @property
     def action(self) -> str | None:
@@ -186,7 +158,7 @@ class CompareResult:
         tolerance = ("; `--rtol/--atol` say whether the difference is within what you accept"
                      if self.tolerance.bitwise else "")
         a, b = (shlex.quote(c) for c in self.commands)
-        return CAUSES[cause][1].format(a=a, b=b, tolerance=tolerance)
+        return registered(cause).wording("compare").action.format(a=a, b=b, tolerance=tolerance)
 
     @property
     def warning(self) -> str | None:
@@ -196,7 +168,7 @@ class CompareResult:
             return None
         files = ", ".join(f"{s['path']} ({s['change']} by A)" for s in shared[:5])
         return (f"B read what A wrote in the working directory both commands ran in ({files}); the commands did not "
-                f"start from the same state. {CAUSES[SHARED_CWD][1]}")
+                f"start from the same state. {registered(SHARED_CWD).wording('compare').action}")
 
     def to_json(self) -> dict[str, Any]:
         def where(e: Entry | None) -> dict[str, Any] | None:

@@ -20,7 +20,6 @@ from .compare import CheckResult, compare_runs
 
 SCHEMA = "torchrepro.check/1"
 # What is compared between ranks, in causal order within a step.
-RANK_KINDS = ("init", "grads", "params", "state", "steps")
 RANK_LABELS = {"init": "initial parameters", "grads": "gradients", "params": "parameters",
                "state": "optimizer state", "steps": "number of steps"}
 DESYNC_CAUSE = (

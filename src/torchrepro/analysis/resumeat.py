@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..record.store import Run
-from .compare import SHARED_CWD, CheckResult, explain
+from .causes import SHARED_CWD, cause
+from .compare import CheckResult, explain
 
 if TYPE_CHECKING:
     import torch
@@ -41,43 +42,6 @@ RNG_NAMES = {"torch": "torch's global generator (dropout, torch.rand*, randperm)
 _CALLBACK = {"lightning": "add torchrepro.integrations.lightning.ReproducibleCallback() to Trainer(callbacks=[...])",
              "transformers": "add torchrepro.integrations.transformers.ReproducibleCallback() to "
                              "Trainer(callbacks=[...])"}
-_FIXES = {
-    "parameters": "Load the model's weights from the checkpoint before training on (model.load_state_dict(...), or "
-                  "torchrepro.load_checkpoint(path, model=model, ...)) in the process that resumes; check that the "
-                  "checkpoint holds them after step {k} (not an older or a newer save).",
-    "optimizer-state": "Save optimizer.state_dict() in the checkpoint and load it into the rebuilt optimizer "
-                       "(torchrepro.save_checkpoint(..., optimizer=opt) / load_checkpoint(..., optimizer=opt)).",
-    "scheduler-state": "Save the LR scheduler's state_dict() and load it when resuming "
-                       "(torchrepro.save_checkpoint(..., scheduler=sched) / load_checkpoint(..., scheduler=sched)).",
-    "data-position": "Restore the data position: wrap the data in torchrepro.ResumableLoader and save its state with "
-                     "the checkpoint (torchrepro.save_checkpoint(..., loader=loader)): it continues mid-epoch with "
-                     "the batches the uninterrupted run saw{callback}.",
-    "data-values": "Seed the augmentation per sample rather than per worker or process: torchrepro.ResumableLoader "
-                   "seeds each sample's random/NumPy/torch randomness from (seed, epoch, position in epoch), so a "
-                   "resumed run draws the same{callback}.",
-    "data": "Restore the data position and the augmentation's randomness: torchrepro.ResumableLoader does both "
-            "(save it with torchrepro.save_checkpoint(..., loader=loader)){callback}.",
-    "rng-state": "Save every RNG state in the checkpoint and restore it last, just before training on: "
-                 "torchrepro.save_checkpoint/load_checkpoint do (or torchrepro.save_rng_state/load_rng_state). A "
-                 "DataLoader iterator created after the restore draws its seed from torch's global generator too: "
-                 "give the DataLoader its own generator=, or use torchrepro.ResumableLoader{callback}.",
-    "compute": "Run `torchrepro check -- ...` (without --resume-at) to see whether the script is reproducible at "
-               "all (`--locate` names a nondeterministic op); otherwise save and restore the state that is missing "
-               "(buffers are restored with the model's state_dict; a GradScaler's with its own).",
-    "steps": "Restore the step counter (and the epoch) from the checkpoint, so that the resumed run ends where the "
-             "uninterrupted one does{callback}.",
-    "before-checkpoint": "Make the script reproducible first: `torchrepro check -- ...` says why the runs diverge "
-                         "before any checkpoint; then check the resume again.",
-    SHARED_CWD: "Rerun with `torchrepro check --resume-at K --fresh-cwd -- ...` (each run in its own copy of the "
-                "working directory), or point the script's output elsewhere.",
-}
-_WHAT = {"parameters": "parameters", "optimizer-state": "optimizer state", "scheduler-state": "LR scheduler state",
-         "data-position": "data position", "data-values": "augmentation/worker RNG", "data": "data",
-         "rng-state": "RNG state", "compute": "nothing recorded (the step's computation differs)",
-         "steps": "step counter", "before-checkpoint": "not reproducible before the checkpoint",
-         SHARED_CWD: "shared working directory"}
-
-
 @dataclass
 class SplicedRun(Run):
     """Run 2 of ``check --resume-at K``: the stopped process's steps 1..K, then the resumed process's, renumbered.
@@ -188,7 +152,8 @@ class ResumeResult:
 
     @property
     def what(self) -> str | None:
-        return _WHAT.get(self.cause) if self.cause else None
+        wording = cause(self.cause).resume if self.cause else None
+        return wording.what if wording else None
 
     @property
     def explanation(self) -> str | None:
@@ -203,7 +168,9 @@ class ResumeResult:
         if self.cause is None:
             return None
         callback = _CALLBACK.get(self.trainer)
-        return _FIXES[self.cause].format(k=self.k, callback=f"; with this trainer: {callback}" if callback else "")
+        wording = cause(self.cause).resume
+        assert wording is not None, f"cause {self.cause!r} has no resume wording"
+        return wording.fix.format(k=self.k, callback=f"; with this trainer: {callback}" if callback else "")
 
     def to_json(self) -> dict[str, Any]:
         return {

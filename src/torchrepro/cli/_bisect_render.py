@@ -13,14 +13,26 @@ def _commit(c: dict[str, Any]) -> str:
     return f"{c['sha'][:12]} {c['subject']!r}"
 
 
+def _one_line(text: str, limit: int) -> str:
+    """``text`` on one line (a reason may hold newlines: they would break the table), at most ``limit`` long."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
 def _tested_line(i: int, c: dict[str, Any], tested: dict[str, dict[str, Any]]) -> str:
     t = tested.get(c["sha"], {})
     how = ""
     if t.get("compare"):
         step = t["compare"].get("first_divergent_step")
         how = t["compare"]["verdict"] + (f" from step {step}" if step is not None else "")
+        renamed = t["compare"].get("renamed") or {}
+        if renamed:
+            first_new, first_old = next(iter(renamed.items()))
+            how += (f" ({len(renamed)} parameter(s) renamed since good, compared by position: {first_new} was "
+                    f"{first_old}" + (", ..." if len(renamed) > 1 else "") + ")")
+        how = _one_line(how, 160)
     elif t.get("reason"):
-        how = t["reason"][:100]
+        how = _one_line(t["reason"], 100)
     elif i == 0:
         how = "the reference"
     return f"  {i:>3}  {_MARK[c.get('verdict')]:<4}  {_commit(c)[:70]:<70}  {how}"
@@ -49,7 +61,8 @@ def render_bisect(doc: dict[str, Any]) -> str:
                          f"{_commit(doc['first_bad_commit'])}",
         "ambiguous": lambda: "torchrepro: AMBIGUOUS - the first commit whose run differs is one of "
                              + ", ".join(_commit(c) for c in doc["candidates"])
-                             + " (the command failed at the others: they were skipped)",
+                             + " (the others were skipped: the command failed there, or its run was not comparable "
+                               "with good's)",
         "none-differs": lambda: f"torchrepro: NONE DIFFERS - the run at bad {_commit(doc['bad'])} agrees with good's "
                                 f"({how}); no commit in between changes it",
     }[doc["verdict"]]()

@@ -24,7 +24,7 @@ from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
 from ..record.outdir import check_check_dir, check_run_dir, make_dir, unique_dir
 from ..record.store import Run
-from ..record.workdir import WorkdirWatch, check_copyable, copy_workdir, script_in_copy
+from ..record.workdir import WorkdirWatch, check_copyable, copy_workdir, left_out_text, script_in_copy
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
     from ..analysis.envdiff import EnvDiff
@@ -156,6 +156,7 @@ class Isolation:
     fresh: bool = False
     watch: WorkdirWatch | None = None
     copies: list[str] = dataclasses.field(default_factory=list)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # FIFOs, sockets, devices not copied
 
     @staticmethod
     def refuse_uncopyable(fresh: bool, out: str | None) -> None:
@@ -171,9 +172,13 @@ class Isolation:
     def options(self, i: int, out: Path, run_dir: Path, opts: LaunchOptions) -> LaunchOptions:
         """Run ``i``'s launch options: its own copy of the cwd, or the audit of what it reads."""
         if self.fresh:
-            cwd = copy_workdir(Path.cwd(), out / f"run{i}-cwd", skip=[out])
-            self.copies.append(str(cwd))
-            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=str(cwd))
+            copy = copy_workdir(Path.cwd(), out / f"run{i}-cwd", skip=[out])
+            new = {p: k for p, k in copy.left_out.items() if p not in self.left_out}
+            if new:  # said at once (the verdict's note says it again): a run that needs one may fail
+                print(f"torchrepro: warning: {left_out_text(new, Path.cwd())}", file=sys.stderr, flush=True)
+                self.left_out |= new
+            self.copies.append(str(copy.path))
+            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=str(copy.path))
         if self.watch is not None:
             since = self.watch.start() if i == 1 else self.watch.since_ns
             return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=since)
@@ -216,7 +221,9 @@ class Isolation:
 
     def to_json(self) -> dict[str, Any] | None:
         if self.fresh:
-            return {"isolated": True, "copies": self.copies, "read_from_earlier_run": []}
+            return {"isolated": True, "root": str(Path.cwd()), "copies": self.copies,
+                    "not_copied": [{"path": p, "kind": k} for p, k in sorted(self.left_out.items())],
+                    "read_from_earlier_run": []}
         return self.watch.to_json() if self.watch is not None else None
 
 

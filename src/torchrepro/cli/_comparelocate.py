@@ -13,21 +13,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.io import atomic_write_bytes, atomic_write_json
+from ..analysis.causes import untraced_note
 from ..record.launcher import LaunchOptions
 from ..record.opvalues import OP_VALUES, OP_VALUES_ENV
 from ..record.store import OPS, Run, load_values
-from ._checkrun import WriteErrors, saved, wrote
+from ._checkrun import WriteErrors
 from ._compare_locate_render import render_aligned_table
 from ._comparecompiled import locate_compiled_sides
+from ._output import save_locate
 from ._sides import Side, record_side
 
 if TYPE_CHECKING:
     from ..analysis.crossrun import CompareResult
 
 OP_VALUES_BUDGET = 512 << 20  # bytes of op values each traced re-run keeps (tolerances at op level)
-UNTRACED = {"data": "the commands fed different data: the op tracer would only show that the batches differ",
-            "steps": "the commands ran different numbers of steps, with equal values until then"}
 
 
 def _note(verdict: str, title: str) -> dict[str, Any]:
@@ -40,20 +39,16 @@ def locate_sides(sides: list[Side], runs: list[Run], result: CompareResult, out:
     check = result.check
     if result.verdict == "identical":
         return _note("nothing-to-locate", "the commands are identical: nothing to locate")
-    if check.cause in UNTRACED:
-        return _note("skipped", f"not traced: {UNTRACED[check.cause]} (the summary above says what differs)")
+    untraced = untraced_note(check.cause)
+    if untraced:
+        return _note("skipped", untraced)
     first = int(check.first_step or 0)
     compiled = [bool(r.manifest.get("compiled")) for r in runs]
     if any(compiled):
         doc = locate_compiled_sides(sides, runs, compiled, result, out, opts, max(first, 1))
     else:
         doc = _locate_eager(sides, result, out, opts, first, first + steps - 1)
-    table = out / "locate_ops.txt"
-    if doc.get("context") and wrote(table, lambda: atomic_write_bytes(
-            table, (render_aligned_table(doc["context"]) + "\n").encode()), errors):
-        doc["op_table"] = str(table)
-    saved(out / "locate.json", lambda: atomic_write_json(out / "locate.json", doc), errors)
-    return doc
+    return save_locate(out, doc, render_aligned_table(doc["context"]) if doc.get("context") else None, errors)
 
 
 def traced_options(opts: LaunchOptions, first: int, last: int, mode: str) -> LaunchOptions:

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from .._core.errors import ScriptError
-from .._core.io import atomic_write_json
 from ..analysis.compare import note_shared_workdir
 from ..analysis.rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..analysis.report import plot_check
@@ -17,12 +16,9 @@ from ..record.store import load_ranks
 from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
-    WriteErrors,
     environment_differences,
     execute_runs,
     output_dir,
-    print_verdict,
-    saved,
 )
 from ._render import render
 from .run_cmd import determinism_options
@@ -60,22 +56,21 @@ def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
                  environment: EnvironmentDifferences | None = None) -> int:
     """Plot (the lead rank), write report.html and check.json, print the summary or JSON; return the exit code."""
     from ._html.reports import ranks_report
-    from ._report import REPORT, write_report
+    from ._output import Verdict, emit
 
     rank, lead = check.lead
-    errors: WriteErrors = []
-    plot = saved(out / "check.png", lambda: plot_check(lead, out / "check.png"), errors)
-    doc = check.to_json() | {"plot": str(plot) if plot else None, "command": what, "exit_code": check.exit_code}
+    doc = check.to_json() | {"plot": None, "command": what, "exit_code": None}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(lead.verdict)
-    summary = render_ranks(check, what=what, plot=str(plot) if plot else None)
-    report = write_report(out / REPORT, lambda: ranks_report(check, doc, out, command=what, text=summary), errors)
-    doc["report"] = str(report) if report else None
-    saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
-    env_text = environment.render(lead.verdict) if environment is not None and not as_json else None
-    text = "" if as_json else "\n\n".join(
-        t for t in (summary + (f"\nReport: {report}" if report else ""), env_text) if t)
-    return print_verdict(doc, text, as_json, errors)
+
+    def text(summary: str, plot: str | None, report: Path | None) -> str:
+        env_text = environment.render(lead.verdict) if environment is not None else None
+        return "\n\n".join(t for t in (summary + (f"\nReport: {report}" if report else ""), env_text) if t)
+
+    return emit(Verdict(doc, check.exit_code, "check.json", plot=lambda path: plot_check(lead, path),
+                        summary=lambda plot: render_ranks(check, what=what, plot=plot), text=text,
+                        report=lambda d, summary: ranks_report(check, d, out, command=what, text=summary)),
+                out, as_json=as_json)
 
 
 def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> str:

@@ -4,11 +4,12 @@ From inside a git repository: the command runs once at ``good`` (recorded), once
 between them chosen by binary search (:mod:`torchrepro.analysis.bisect`), each in a temporary worktree of its own
 (:mod:`torchrepro.record.gitrepo`: the user's working tree, index, HEAD and stash are never touched, and the
 worktrees are removed on exit, errors, Ctrl-C, SIGTERM and SIGHUP). Each run is compared with good's recording
-(bitwise, or within ``--rtol``/``--atol``); a commit where the command fails is skipped. The first bad commit is
-then compared with its parent as ``compare --locate`` does, and the op's source line is looked up in its diff.
+(bitwise, or within ``--rtol``/``--atol``; parameters renamed since good are compared by position); a commit
+where the command fails, or whose run cannot be compared with good's, is skipped. The first bad commit is then
+compared with its parent as ``compare --locate`` does, and the op's source line is looked up in its diff.
 
 Exit codes: 0 found, 1 no commit differs, 2 error (not a repository, unknown revision, good == bad, good's or
-bad's run fails).
+bad's run fails, bad's run cannot be compared with good's).
 
 Example::
 
@@ -33,7 +34,7 @@ from ..record.gitrepo import Commit, GitError, Repo, Worktrees
 from ..record.launcher import FORWARDED, CommandError, LaunchOptions, is_interpreter, parse_python_command
 from ..record.outdir import lock_dir
 from ..record.store import Run, load_run
-from ._checkrun import WriteErrors, output_dir, print_verdict, saved
+from ._checkrun import WriteErrors, output_dir
 from ._sides import Side, record_side
 from ._usage import COMMAND_TAIL, set_usage
 from .compare_cmd import add_run_options, add_tolerance_options, launch_options, tolerance
@@ -116,6 +117,24 @@ def skip_reason(message: str) -> str:
     return f"{what}: {tail[-1][:160]}" if m and tail and not tail[-1].startswith("(") else what[:200]
 
 
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (newlines and runs of spaces made one space), cut to ``limit`` characters with '...'."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
+def speak_of_commits(problem: str, other: str) -> str:
+    """A problem of ``check_comparable`` with its runs named: run 1 is good's, run 2 is ``other``'s."""
+    return re.sub(r"\brun ([12])\b", lambda m: "good" if m.group(1) == "1" else other, problem)
+
+
+def renamed_note(renamed: dict[str, str]) -> str:
+    """``2 parameter(s) renamed since good, compared by position: proj.weight (good: fc.weight), ...``."""
+    pairs = ", ".join(f"{new} (good: {old})" for new, old in list(renamed.items())[:3])
+    return (f"{len(renamed)} parameter(s) renamed since good, compared by position: {pairs}"
+            + (", ..." if len(renamed) > 3 else ""))
+
+
 @dataclass
 class Tested:
     """One commit's run and what it says."""
@@ -125,8 +144,9 @@ class Tested:
     verdict: str | None = None  # good | bad | skip
     run: Path | None = None
     compare: dict[str, Any] | None = None  # verdict, first_divergent_step, first_out_of_tolerance
-    reason: str | None = None  # why skipped (or why not comparable)
+    reason: str | None = None  # why skipped (it failed, or its run is not comparable with good's): one line
     error: str | None = None  # a skipped run's whole error (the reason is its first line, shortened)
+    problems: list[str] | None = None  # why its run is not comparable with good's (then it is skipped)
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **self.commit.to_json(), "verdict": self.verdict,
@@ -188,25 +208,32 @@ class Bisection:
         return entry
 
     def test(self, index: int) -> Tested:
-        """Run at ``chain[index]`` and compare with good: good, bad or skip."""
-        from ..analysis.crossrun import compare_commands
+        """Run at ``chain[index]`` and compare with good: good, bad or skip. A run that cannot be compared with
+        good's (other parameters; renamed ones are compared by position) is skipped: it says nothing either way."""
+        from ..analysis.bisect import compare_commits
 
         entry = self.record(index)
         if entry.verdict == "skip" or index == 0:
             entry.verdict = entry.verdict or "good"
             return entry
         try:
-            result = compare_commands(self.runs[0], self.runs[index], self.tol)
+            result, renamed = compare_commits(self.runs[0], self.runs[index], self.tol)
         except RunsNotComparableError as exc:
-            entry.verdict, entry.reason = "bad", f"not comparable with good: {exc}"
+            entry.verdict, entry.error = "skip", str(exc)
+            entry.problems = [speak_of_commits(p, "this commit") for p in exc.problems]
+            entry.reason = one_line("not comparable with good: " + "; ".join(entry.problems), 300)
+            print(f"torchrepro: bisect: {self.chain[index].short} is skipped ({entry.reason})", file=sys.stderr,
+                  flush=True)
             return entry
         entry.verdict = VERDICT_OF[result.verdict]
         first = result.first_out
         entry.compare = {"verdict": result.verdict, "first_divergent_step": result.check.first_step,
                          "first_out_of_tolerance": first.to_json() if first is not None else None}
+        if renamed:
+            entry.compare["renamed"] = renamed  # {this commit's name: good's name}, compared by position
         print(f"torchrepro: bisect: {self.chain[index].short} is {entry.verdict} ({result.verdict}"
-              + (f" from step {result.check.first_step}" if result.check.first_step is not None else "") + ")",
-              file=sys.stderr, flush=True)
+              + (f" from step {result.check.first_step}" if result.check.first_step is not None else "")
+              + (f"; {renamed_note(renamed)}" if renamed else "") + ")", file=sys.stderr, flush=True)
         return entry
 
 
@@ -218,7 +245,16 @@ def _checked_revisions(repo: Repo, good_rev: str, bad_rev: str) -> tuple[Commit,
     if not repo.is_ancestor(good.sha, bad.sha):
         raise GitError(f"--good {good_rev} ({good.short}) is not an ancestor of --bad {bad_rev} ({bad.short}); bisect "
                        "searches the commits from good to bad, so good must come first in bad's history.")
-    return good, bad, [good, *repo.chain(good, bad)]
+    between = repo.chain(good, bad)
+    if not between or between[-1].sha != bad.sha:  # never expected: bad descends from good
+        raise GitError(f"found no commits from --good {good_rev} ({good.short}) to --bad {bad_rev} ({bad.short}) "
+                       f"along bad's first-parent history (`git log --first-parent {good.short}..{bad.short}`); "
+                       "give a good commit on that history.")
+    if repo.first_parent(between[0].sha) != good.sha:
+        print(f"torchrepro: bisect: good {good.short} is not on bad's first-parent history; it came in with the "
+              f"merge {between[0].short} {between[0].subject[:60]!r}: bisecting the first-parent commits from that "
+              "merge to bad", file=sys.stderr, flush=True)
+    return good, bad, [good, *between]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,6 +289,12 @@ def _bisect(b: Bisection, args: argparse.Namespace) -> int:
         raise ScriptError(f"the command fails at good ({b.chain[0].short}): {_whole(b.tested[0])} Give a good "
                           "commit where it runs.")
     last = b.test(n)
+    if last.verdict == "skip" and last.problems is not None:
+        raise RunsNotComparableError([p.replace("this commit", "bad") for p in last.problems], (
+            f"Bisect compares each commit's run with good's ({b.chain[0].short}): the run at bad ({b.chain[n].short}) "
+            "built a model with other parameters (renamed ones are compared by position only when their number, "
+            "order and shapes agree). Give a bad commit whose model good's can be compared with. Runs: 1 = "
+            f"{b.tested[0].run}, 2 = {last.run}."))
     if last.verdict == "skip":
         raise ScriptError(f"the command fails at bad ({b.chain[n].short}): {_whole(last)} Give a bad commit where "
                           "it runs (bisect needs its run to differ from good's).")
@@ -270,11 +312,10 @@ def _bisect(b: Bisection, args: argparse.Namespace) -> int:
 
 def _locate(b: Bisection, parent: int, first_bad: int, steps: int) -> dict[str, Any]:
     """``compare --locate`` between the first bad commit and its parent, tied to the commit's diff."""
-    from ..analysis.bisect import relocate, tie_to_diff
-    from ..analysis.crossrun import compare_commands
+    from ..analysis.bisect import compare_commits, relocate, tie_to_diff
     from ._comparelocate import locate_sides
 
-    result = compare_commands(b.runs[parent], b.runs[first_bad], b.tol)
+    result, _ = compare_commits(b.runs[parent], b.runs[first_bad], b.tol)
     checkouts = [b.trees.add(b.chain[parent].sha), b.trees.add(b.chain[first_bad].sha)]
     try:
         sides = [b.side(i, c, label) for i, c, label in zip((parent, first_bad), checkouts, "AB")]
@@ -308,19 +349,9 @@ def finish(b: Bisection, verdict: str, search: Any, located: dict[str, Any] | No
         "locate": located, "out": str(b.out),
     }
     from ._html.reports import bisect_report
-    from ._report import REPORT, write_report
+    from ._output import Verdict, emit
 
-    errors: WriteErrors = []
-    summary = render_bisect(doc)
-    report = write_report(b.out / REPORT, lambda: bisect_report(doc, b.out, summary), errors)
-    doc["report"] = str(report) if report else None
-    saved(b.out / "bisect.json", lambda: _write(b.out / "bisect.json", doc), errors)
-    text = "" if args.json else summary + (f"\nReport: {report}" if report else "")
-    return print_verdict(doc, text, args.json, errors)
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    from .._core.io import atomic_write_json
-
-    atomic_write_json(path, doc)
+    return emit(Verdict(doc, EXIT[verdict], "bisect.json", summary=lambda _: render_bisect(doc),
+                        report=lambda d, summary: bisect_report(d, b.out, summary)),
+                b.out, as_json=args.json)
 

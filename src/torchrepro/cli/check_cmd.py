@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.io import atomic_write_bytes, atomic_write_json
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command, ranks_command
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, load_run
@@ -20,11 +19,8 @@ from ._checkrun import (
     environment_differences,
     execute_runs,
     output_dir,
-    print_verdict,
-    saved,
-    unsaved_message,
-    wrote,
 )
+from ._output import save_locate
 from ._usage import COMMAND_TAIL, set_usage
 from .run_cmd import add_launch_options, determinism_options, positive_int, runs_arg
 
@@ -80,34 +76,28 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
     diverged, 2 when an output file could not be written: the verdict is printed all the same)."""
     from ..analysis.report import plot_check
     from ._html.reports import check_report, loadable
+    from ._output import Verdict, emit
     from ._render import render, render_locate
-    from ._report import REPORT, write_report
 
-    errors = list(errors or [])
-    plot = saved(out / "check.png", lambda: plot_check(result, out / "check.png"), errors)
-    doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
-                              "exit_code": 0 if result.verdict == "identical" else 1}
+    doc = result.to_json() | {"plot": None, "command": what, "exit_code": None}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(result.verdict)
     if located is not None:
         doc["locate"] = located
     shown = runs if runs is not None else loadable(result.runs)  # the runs the caller loaded, not read again
-    report = write_report(out / REPORT, lambda: check_report(result, doc, shown, out, command=what, title=title),
-                          errors)
-    doc["report"] = str(report) if report else None
-    if errors:  # check.json says so too
-        doc["exit_code"], doc["error"] = 2, unsaved_message(errors)
-    saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
-    text = ""
-    if not as_json:
+
+    def text(_: str, plot: str | None, report: Path | None) -> str:
         env_text = environment.render(result.verdict) if environment is not None else None
-        text = "\n".join([render(result, what=what, plot=str(plot) if plot else None, report=report),
+        return "\n".join([render(result, what=what, plot=plot, report=report),
                           *(["\n" + env_text] if env_text else []),
                           *([render_locate(located)] if located is not None else [])])
-    return print_verdict(doc, text, as_json, errors)
+
+    return emit(Verdict(doc, 0 if result.verdict == "identical" else 1, "check.json", summary=lambda plot: "",
+                        plot=lambda path: plot_check(result, path), text=text,
+                        report=lambda d, _: check_report(result, d, shown, out, command=what, title=title)),
+                out, as_json=as_json, errors=errors)
 
 
-LOCATABLE = ("compute", "initial-weights")
 LOCATED_NEXT = "See Locate below: what the traced re-runs found, and what to change."
 
 
@@ -115,15 +105,16 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
                errors: WriteErrors | None = None, isolation: Isolation | None = None, *,
                prestart: bool = True) -> dict[str, Any]:
     """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams."""
+    from ..analysis.causes import untraced_note
     from ..analysis.locate import VERDICTS, locate_ops
     from ..record.optrace import read_ops
     from ._render import render_op_table
 
     if result.verdict == "identical":
         return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
-    if result.cause not in LOCATABLE:
-        return {"verdict": "skipped", "title": f"not traced: the cause is {result.cause!r}, which --locate does "
-                "not need to trace (the summary above says what differs and what to do)"}
+    untraced = untraced_note(result.cause)
+    if untraced:
+        return {"verdict": "skipped", "title": untraced}
     errors = [] if errors is None else errors
     if result.compiled and result.compiled.get("in_compiled_code") is not False:  # the op tracer cannot see it
         return run_compiled_locate(command, out, result, opts, errors, isolation, prestart=prestart)
@@ -139,12 +130,7 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     ops = [list(read_ops(d / OPS)) if (d / OPS).exists() else [] for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     loc = locate_ops(ops[0], ops[1], device=device)
-    doc = loc.to_json()
-    table = out / "locate_ops.txt"
-    if wrote(table, lambda: atomic_write_bytes(table, (render_op_table(loc.context) + "\n").encode()), errors):
-        doc["op_table"] = str(table)
-    saved(out / "locate.json", lambda: atomic_write_json(out / "locate.json", doc), errors)
-    return doc
+    return save_locate(out, loc.to_json(), render_op_table(loc.context), errors)
 
 
 def _fresh_only(isolation: Isolation | None) -> Isolation | None:
@@ -171,13 +157,9 @@ def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts
     docs = [json.loads((d / GRAPHS_FILE).read_text()) if (d / GRAPHS_FILE).exists() else {} for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     doc = locate_compiled(docs, step=first, device=device).to_json()
-    table = out / "locate_ops.txt"
-    text = render_op_table([{**r, "op_other_run": None, "phase": doc["op"] and doc["op"]["phase"]}
-                            for r in doc["context"]]) + "\n"
-    if wrote(table, lambda: atomic_write_bytes(table, text.encode()), errors):
-        doc["op_table"] = str(table)
-    saved(out / "locate.json", lambda: atomic_write_json(out / "locate.json", doc), errors)
-    return doc
+    table = render_op_table([{**r, "op_other_run": None, "phase": doc["op"] and doc["op"]["phase"]}
+                             for r in doc["context"]])
+    return save_locate(out, doc, table, errors)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,11 +18,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.io import atomic_write_json
 from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUES_ENV, load_run
-from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir, print_verdict, saved
+from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
 from .run_cmd import positive_int, seed_arg, size_arg
@@ -174,19 +173,16 @@ def finish(result: CompareResult, out: Path, runs: list[Any], *, as_json: bool,
            located: dict[str, Any] | None = None, errors: WriteErrors | None = None) -> int:
     """Write report.html and compare.json, print the summary or the JSON document; return the exit code (0 identical or
     equivalent, 1 diverged, 2 when an output file could not be written)."""
+    from ..analysis.crossrun import VERDICT_EXIT
     from ._compare_render import render_compare
     from ._html.reports import compare_report
-    from ._report import REPORT, write_report
+    from ._output import Verdict, emit
 
-    errors = list(errors or [])
     environment, env_doc = environment_between(runs)
     doc = result.to_json() | {"out": str(out), "environment_diff": env_doc, "locate": located}
     if located is not None:  # the locate section is the answer: no advice to run it
         doc["action"] = None
-    report = write_report(out / REPORT, lambda: compare_report(result, doc, runs, out), errors)
-    doc["report"] = str(report) if report else None
-    saved(out / "compare.json", lambda: atomic_write_json(out / "compare.json", doc), errors)
-    text = "" if as_json else render_compare(result, environment=environment, located=located)
-    if report and text:
-        text += f"\nReport: {report}"
-    return print_verdict(doc, text, as_json, errors)
+    return emit(Verdict(doc, VERDICT_EXIT[result.verdict], "compare.json",
+                        summary=lambda _: render_compare(result, environment=environment, located=located),
+                        report=lambda d, _: compare_report(result, d, runs, out)),
+                out, as_json=as_json, errors=errors)

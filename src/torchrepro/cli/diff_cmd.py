@@ -11,13 +11,13 @@ import argparse
 from typing import Any, cast
 
 from .._core.errors import RunDirError
-from .._core.io import atomic_write_json
 from ..analysis.compare import CheckResult, compare_runs
 from ..analysis.envdiff import locate_between
 from ..record.launcher import CommandError
 from ..record.outdir import lock_dir
 from ..record.store import MANIFEST, load_ranks, load_run, read_manifest, split_run_dirs
-from ._checkrun import EnvironmentDifferences, environment_differences, output_dir
+from ._checkrun import EnvironmentDifferences, WriteErrors, environment_differences, output_dir
+from ._output import save_locate
 from ._render import render_op_table
 from .check_cmd import finish
 
@@ -109,11 +109,9 @@ def run(args: argparse.Namespace) -> int:
     result.next_action = next_action(result, env_diff, located)
     out = output_dir(args.out, "diff")
     with lock_dir(out):
-        if located is not None and "context" in located:
-            table = out / "locate_ops.txt"
-            table.write_text(render_op_table(cast("list[dict[str, Any]]", located["context"])) + "\n")
-            located["op_table"] = str(table)
+        errors: WriteErrors = []
         if located is not None:
-            atomic_write_json(out / "locate.json", located)
+            context = cast("list[dict[str, Any]] | None", located.get("context"))
+            save_locate(out, located, render_op_table(context) if context is not None else None, errors)
         return finish(result, out, what=f"{args.run_a} vs {args.run_b}", as_json=args.json, located=located,
-                      environment=env_diff, title="torchrepro diff", runs=runs)
+                      environment=env_diff, title="torchrepro diff", runs=runs, errors=errors)

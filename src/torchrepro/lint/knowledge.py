@@ -269,8 +269,6 @@ DIST_INIT = frozenset({
     "torch.distributed.fsdp.FullyShardedDataParallel", "deepspeed.initialize",
     "torch.distributed.device_mesh.init_device_mesh",
 })
-# Frameworks that shard data loaders across ranks themselves.
-SHARDING_FRAMEWORKS = ("accelerate.", "lightning.", "transformers.Trainer", "transformers.Seq2SeqTrainer", "trl.")
 RANK_WORDS = ("rank", "get_rank", "process_index", "global_rank", "local_rank")
 
 # --- processes ------------------------------------------------------------------------------------------------
@@ -317,7 +315,6 @@ RESUME_WORDS = ("resume", "resumes", "resumed", "resuming", "continue training",
 CHECKPOINT_NAME_WORDS = ("checkpoint", "ckpt", "resume", "last", "latest")
 EXPORT_NAME_WORDS = ("final", "best", "export", "deploy", "infer", "pretrained")
 SAVE_CALLS = frozenset({"torch.save"})
-SAVE_NAME_WORDS = ("save",)  # also helpers named like save_checkpoint(state, ...) and fabric.save(path, state)
 RNG_STATE_CALLS = frozenset({
     "torch.get_rng_state", "torch.cuda.get_rng_state", "torch.cuda.get_rng_state_all", "numpy.random.get_state",
     "random.getstate", "torchrepro.RNGState.capture", "torchrepro.rng.RNGState.capture",

@@ -166,5 +166,3 @@ class Context:
         else the programs found in the module's project."""
         return self._importers
 
-    def line_of(self, node: ast.AST) -> int:
-        return getattr(node, "lineno", 1)

@@ -100,11 +100,22 @@ class Repo:
             return False
 
     def chain(self, good: Commit, bad: Commit) -> list[Commit]:
-        """The commits after ``good`` up to ``bad`` along first parents, oldest first (``bad`` last)."""
-        out = self.git("log", "--first-parent", "--ancestry-path", "--reverse", "--format=%H%x00%s",
-                       f"{good.sha}..{bad.sha}")
-        commits = [Commit(*line.split("\0", 1)) for line in out.splitlines() if "\0" in line]
-        return commits
+        """The commits of ``bad``'s first-parent history that contain ``good`` (``good`` excluded), oldest first,
+        ``bad`` last; empty when ``good`` is not an ancestor of ``bad``.
+
+        When ``good`` lies on that history these are the commits after it. When it lies on a side branch merged
+        later, the first of them is the merge that brought it in (``git log --first-parent --ancestry-path`` is
+        empty then: the first-parent walk never reaches ``good``).
+        """
+        contains = set(self.git("rev-list", "--ancestry-path", f"{good.sha}..{bad.sha}").split())
+        out = self.git("log", "--first-parent", "--reverse", "--format=%H%x00%s", f"{good.sha}..{bad.sha}")
+        return [Commit(*line.split("\0", 1)) for line in out.splitlines()
+                if "\0" in line and line.split("\0", 1)[0] in contains]
+
+    def first_parent(self, sha: str) -> str | None:
+        """The first parent of ``sha`` (None for a root commit)."""
+        parents = self.git("rev-list", "--parents", "-n", "1", sha).split()[1:]
+        return parents[0] if parents else None
 
     def diff(self, old: str, new: str) -> dict[str, FileHunks]:
         """Per file (new path), the lines ``git diff -U0 old new`` removes and adds."""

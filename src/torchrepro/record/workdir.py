@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -115,9 +116,20 @@ def skipped_dir(path: str, skipped: set[str]) -> bool:
             or os.path.realpath(path) in skipped)
 
 
-def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Snapshot:
+def _copied(entry: os.DirEntry[str]) -> bool:
+    """Whether :func:`copy_workdir` copies ``entry`` (a regular file, folder or symlink; known without a ``stat`` on
+    most file systems)."""
+    try:
+        return entry.is_symlink() or entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return True  # as walk() does with an entry it cannot stat: counted to be safe
+
+
+def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT, *, copied: bool = False) -> Snapshot:
     """Stat ``root`` and what lies under it, breadth first in name order; symlinks are not followed; version
-    control, caches, virtual environments, torchrepro's output and ``skip`` are left out; at most ``limit``."""
+    control, caches, virtual environments, torchrepro's output and ``skip`` are left out; at most ``limit``.
+    ``copied``: only what :func:`copy_workdir` copies (no FIFO, socket or device), each with the bytes it copies
+    (a regular file's size, 0 for a folder or symlink)."""
     skipped = {os.path.realpath(p) for p in skip}
     entries: dict[str, tuple[int, int, int]] = {}
     queue = [(str(root), "")]
@@ -125,8 +137,9 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Sna
         path, rel = queue.pop(0)
         try:
             with os.scandir(path) as it:  # a huge flat folder is read only up to the limit
-                children = sorted(itertools.islice(it, limit + 1), key=lambda e: e.name)
-                more = next(it, None) is not None  # it goes on past what was read: skipped entries must not hide it
+                kept = (e for e in it if not copied or _copied(e))  # what is not copied does not count
+                children = sorted(itertools.islice(kept, limit + 1), key=lambda e: e.name)
+                more = next(kept, None) is not None  # it goes on past what was read: skipped entries must not hide it
         except OSError:
             continue
         for entry in children:
@@ -138,9 +151,10 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT) -> Sna
                 is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            if is_dir and skipped_dir(entry.path, skipped):
+            if is_dir and skipped_dir(entry.path, skipped) or copied and special_kind(st.st_mode):
                 continue
-            entries[sub] = (st.st_mtime_ns, st.st_size, st.st_ino)
+            size = st.st_size if not copied or stat.S_ISREG(st.st_mode) else 0
+            entries[sub] = (st.st_mtime_ns, size, st.st_ino)
             if is_dir:
                 queue.append((entry.path, sub + os.sep))
         if more:
@@ -259,15 +273,27 @@ def shared_text(shared: list[dict[str, Any]]) -> str:
 # --- check --fresh-cwd: each run in its own copy of the working directory ---------------------------------------
 COPY_FILES = 10_000
 COPY_BYTES = 256 * 2**20
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 
 
 class WorkdirCopyError(ReproError):
-    """The working directory is too large to copy for every run (exit 2)."""
+    """The working directory is too large to copy for every run, or could not be copied (exit 2)."""
+
+
+def special_kind(mode: int) -> str | None:
+    """None for what --fresh-cwd copies (a regular file, a folder, a symlink); else what the entry is (a FIFO, a
+    socket, a device), which the copy leaves out: reading it would block, or never end (``/dev/zero``)."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode):
+        return None
+    return ("FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode)
+            else "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode)
+            else "special file")
 
 
 def check_copyable(root: Path, skip: Iterable[Path] = ()) -> None:
-    """Raise unless ``root`` (as :func:`walk` sees it) holds at most COPY_FILES entries and COPY_BYTES."""
-    snap = walk(root, skip, limit=COPY_FILES)
+    """Raise unless what :func:`copy_workdir` copies of ``root`` is at most COPY_FILES entries and COPY_BYTES."""
+    snap = walk(root, skip, limit=COPY_FILES, copied=True)
     size = sum(s for _, s, _ in snap.entries.values())
     if snap.truncated or size > COPY_BYTES:
         found = f"more than {COPY_FILES} files" if snap.truncated else f"{size / 2**20:.0f} MiB"
@@ -278,22 +304,97 @@ def check_copyable(root: Path, skip: Iterable[Path] = ()) -> None:
             "script, or keep large data outside it (symlinks are copied as links), or drop --fresh-cwd.")
 
 
-def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> Path:
-    """Copy ``root`` into ``dest`` (replacing an earlier copy there), leaving out what :func:`walk` leaves out."""
+@dataclass
+class WorkdirCopy:
+    """A copy of the working directory: where it is, and what was left out (relative path -> kind)."""
+
+    path: Path
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+class _CopyTooLarge(Exception):
+    """The copy went past COPY_BYTES (the working directory grew since :func:`check_copyable`)."""
+
+
+def copy_workdir(root: Path, dest: Path, skip: Iterable[Path] = ()) -> WorkdirCopy:
+    """Copy ``root`` into ``dest`` (replacing an earlier copy there), leaving out what :func:`walk` leaves out.
+
+    Only regular files, folders and symlinks (as links) are copied; a FIFO, socket or device is never opened but
+    left out and named in the result's ``left_out``. At most COPY_BYTES are written. A copy that fails part-way
+    removes ``dest``, which it made itself (an entry already there that is not an earlier copy is left alone)."""
     skipped = {os.path.realpath(p) for p in skip}
+    copy = WorkdirCopy(dest)
+    budget = [COPY_BYTES]
 
     def ignore(folder: str, names: list[str]) -> set[str]:
-        paths = {n: os.path.join(folder, n) for n in names}
-        return {n for n, p in paths.items() if os.path.isdir(p) and not os.path.islink(p) and skipped_dir(p, skipped)}
+        out = set()
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue  # gone: copytree says so
+            kind = special_kind(mode)
+            if kind:
+                copy.left_out[os.path.relpath(path, root)] = kind
+                out.add(name)
+            elif stat.S_ISDIR(mode) and skipped_dir(path, skipped):
+                out.add(name)
+        return out
+
+    def copy_file(src: str, dst: str) -> str:
+        fd = os.open(src, _OPEN_FLAGS)  # not a link, and no waiting on a FIFO put there since ignore() looked
+        try:
+            st = os.fstat(fd)
+            kind = special_kind(st.st_mode)
+            if kind:
+                copy.left_out[os.path.relpath(src, root)] = kind
+                return dst
+            with open(dst, "xb") as out:
+                while chunk := os.read(fd, 2**20):
+                    budget[0] -= len(chunk)
+                    if budget[0] < 0:
+                        raise _CopyTooLarge
+                    out.write(chunk)
+        finally:
+            os.close(fd)
+        os.chmod(dst, stat.S_IMODE(st.st_mode))
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return dst
 
     try:
         if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
-        shutil.copytree(root, dest, symlinks=True, ignore=ignore)
-    except (OSError, shutil.Error) as exc:
+            shutil.rmtree(dest)  # an earlier check's copy (outdir let only torchrepro's own output be reused)
+        dest.mkdir()  # raises if something else is there: it is not ours, and not removed below
+    except OSError as exc:
         raise WorkdirCopyError(f"--fresh-cwd: could not copy the working directory {root} to {dest} ({exc}). "
                                "Free disk space or fix the permissions, or drop --fresh-cwd.") from None
-    return dest.resolve()
+    try:
+        shutil.copytree(root, dest, symlinks=True, ignore=ignore, copy_function=copy_file, dirs_exist_ok=True)
+    except BaseException as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        if isinstance(exc, _CopyTooLarge):
+            raise WorkdirCopyError(
+                f"--fresh-cwd: the working directory {root} grew past {COPY_BYTES // 2**20} MiB while it was "
+                "copied; nothing of the copy was kept. Keep large data outside it (symlinks are copied as links), "
+                "or drop --fresh-cwd.") from None
+        if isinstance(exc, (OSError, shutil.Error)):
+            raise WorkdirCopyError(f"--fresh-cwd: could not copy the working directory {root} to {dest} ({exc}); "
+                                   "nothing of the copy was kept. Free disk space or fix the permissions, or drop "
+                                   "--fresh-cwd.") from None
+        raise
+    copy.path = dest.resolve()
+    return copy
+
+
+def left_out_text(left_out: dict[str, str], root: str | Path) -> str:
+    """What to tell when the copies of the working directory left out FIFOs, sockets or devices."""
+    items = sorted(left_out.items())
+    words = [f"{path} ({kind})" for path, kind in items[:SHOWN]]
+    more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+    return (f"--fresh-cwd copies only the regular files, folders and symlinks of the working directory {root}; it "
+            f"left out {', '.join(words)}{more}, which the runs' copies do not hold: a script that needs one must "
+            "open it by its absolute path.")
 
 
 def script_in_copy(command: list[str], argv: list[str], root: Path, copy: Path) -> list[str]:

@@ -1,0 +1,90 @@
+"""One verdict writer: check, the ranks' check, resume-at, diff and compare save and print a verdict the same way,
+including when a file cannot be written (the verdict printed all the same, ``exit_code`` 2 on stdout and on disk)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchrepro.analysis.compare import CheckResult, Difference
+from torchrepro.analysis.crossrun import CompareResult
+from torchrepro.analysis.rankcompare import RanksCheck
+from torchrepro.analysis.resumeat import ResumeResult
+from torchrepro.analysis.tolerance import Tolerance
+from torchrepro.record.store import Run
+
+
+def _diverged() -> CheckResult:
+    return CheckResult(verdict="diverged", runs=["a", "b"], step_mode="optimizer", steps=[3, 3], first_step=1,
+                       first=[Difference("grads", 1, ["fc.weight"])], kind_first_steps={"grads": 1}, cause="compute",
+                       losses=[[1.0, 0.5, 0.25], [1.0, 0.6, 0.3]], loss_delta=[0.0, 0.1, 0.05])
+
+
+def _check(out: Path, as_json: bool) -> int:
+    from torchrepro.cli.check_cmd import finish
+
+    return finish(_diverged(), out, what="`python t.py`", as_json=as_json, runs=[])
+
+
+def _ranks(out: Path, as_json: bool) -> int:
+    from torchrepro.cli._ranks import finish_ranks
+
+    return finish_ranks(RanksCheck(nproc=2, per_rank=[_diverged(), _diverged()], desync=[None, None]), out,
+                        what="`python t.py`", as_json=as_json)
+
+
+def _resume(out: Path, as_json: bool) -> int:
+    from torchrepro.cli._resumecheck import finish_resume
+
+    result = ResumeResult(k=1, comparison=_diverged(), trainer="script", checkpoint=None, runs={},
+                          steps={"uninterrupted": 3, "before_checkpoint": 1, "after_resume": 2},
+                          cause="compute", step=2)
+    return finish_resume(result, out, what="`python t.py`", as_json=as_json)
+
+
+def _compare(out: Path, as_json: bool) -> int:
+    from torchrepro.cli.compare_cmd import finish
+
+    result = CompareResult(check=_diverged(), tolerance=Tolerance(bitwise=True),
+                           commands=["python a.py", "python b.py"], verdict="diverged")
+    return finish(result, out, [Run(path=out / s, manifest={}, events=[]) for s in "ab"], as_json=as_json)
+
+
+PATHS: dict[str, tuple[Callable[[Path, bool], int], str, str]] = {
+    "check": (_check, "check.json", "torchrepro: DIVERGED at step 1"),
+    "ranks": (_ranks, "check.json", "torchrepro: DIVERGED at step 1 on rank 0"),
+    "resume-at": (_resume, "check.json", "diverged"),
+    "compare": (_compare, "compare.json", "torchrepro: DIVERGED"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_every_verdict_goes_out_the_same_way(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    finish, json_name, headline = PATHS[name]
+    assert finish(tmp_path, False) == 1
+    printed = capsys.readouterr().out
+    assert headline.lower() in printed.lower() and f"Report: {tmp_path / 'report.html'}" in printed
+    doc: dict[str, Any] = json.loads((tmp_path / json_name).read_text())
+    assert doc["exit_code"] == 1 and doc["report"] == str(tmp_path / "report.html") and "error" not in doc
+    assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("name", sorted(PATHS))
+def test_a_file_that_cannot_be_written_is_exit_2_on_stdout_and_on_disk(name: str, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    finish, json_name, _ = PATHS[name]
+    (tmp_path / "plain").write_text("a file, not a folder")
+    (tmp_path / "report.html").symlink_to(tmp_path / "plain" / "report.html")  # under a file: cannot be written
+    assert finish(tmp_path, True) == 2
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    saved = json.loads((tmp_path / json_name).read_text())
+    for doc in (printed, saved):
+        assert doc["exit_code"] == 2 and doc["report"] is None, name
+        assert doc["error"].startswith(f"could not write {tmp_path / 'report.html'} (Not a directory, ENOTDIR); the "
+                                       "verdict above is complete"), doc["error"]
+    assert f"torchrepro: error: could not write {tmp_path / 'report.html'}" in captured.err
