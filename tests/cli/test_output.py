@@ -88,3 +88,30 @@ def test_a_file_that_cannot_be_written_is_exit_2_on_stdout_and_on_disk(name: str
         assert doc["error"].startswith(f"could not write {tmp_path / 'report.html'} (Not a directory, ENOTDIR); the "
                                        "verdict above is complete"), doc["error"]
     assert f"torchrepro: error: could not write {tmp_path / 'report.html'}" in captured.err
+
+
+LAUNCHING = ("run", "check", "compare", "bisect")
+SHARED = ("--seed", "--deterministic", "--deterministic-except", "--max-steps", "--values-budget", "--json")
+
+
+@pytest.mark.parametrize("command", LAUNCHING)
+def test_every_command_that_runs_a_script_takes_the_same_launch_options(command: str) -> None:
+    from torchrepro.cli import build_parser
+
+    parser = build_parser([f"{command}_cmd"])
+    sub = next(a for a in parser._actions if a.dest == "command" or getattr(a, "choices", None))
+    options = {o for a in sub.choices[command]._actions for o in a.option_strings}  # type: ignore[union-attr]
+    assert set(SHARED) <= options, set(SHARED) - options
+
+
+def test_compare_and_bisect_honour_deterministic_except() -> None:
+    import argparse
+
+    from torchrepro.cli._options import add_run_options
+    from torchrepro.cli.compare_cmd import launch_options
+
+    p = argparse.ArgumentParser()
+    add_run_options(p)
+    opts = launch_options(p.parse_args(["--deterministic-except", "cudnn-benchmark,fill-uninitialized-memory"]))
+    assert opts.deterministic is True
+    assert opts.determinism == {"fill_uninitialized_memory": False, "cudnn_benchmark": True}

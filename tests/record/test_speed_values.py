@@ -144,7 +144,7 @@ def test_values_budget_on_the_command_line(tmp_path):
 
 @pytest.mark.parametrize("size,expected", [("512", 512), ("4K", 4096), ("1.5G", 3 << 29), ("2GiB", 2 << 30)])
 def test_size_argument(size, expected):
-    from torchrepro.cli.run_cmd import size_arg
+    from torchrepro.cli._options import size_arg
 
     assert size_arg(size) == expected
 

@@ -20,8 +20,8 @@ from ._checkrun import (
     execute_runs,
     output_dir,
 )
+from ._options import determinism_options
 from ._render import render
-from .run_cmd import determinism_options
 
 
 def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:

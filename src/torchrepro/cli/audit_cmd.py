@@ -21,6 +21,7 @@ from .._core.table import printable
 from ..env.audit import AuditReport, audit, audit_recorded
 from ..record.launcher import LaunchOptions, launch, parse_python_command
 from ._html.reports import audit_report
+from ._options import add_json_option
 from ._report import html_fields, html_option, write_html_option
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
@@ -33,7 +34,7 @@ def add_parser(sub: Any) -> None:
                        "cuBLAS algorithm choice, collective communication, mixed precision, hardware). With a "
                        "command, run it to its first training step and audit what it set up. Exit 0 clean, 1 "
                        "findings, 2 usage error or a script that fails before its first step.")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     html_option(p, "the checklist")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="a training command to audit at its first step (its output goes to stderr)")

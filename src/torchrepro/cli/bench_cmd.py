@@ -28,9 +28,9 @@ from ..measure.variance import TimeStats, overhead_ci
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
 from ._explain import verify_left_out
+from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from ._usage import COMMAND_TAIL, set_usage
-from .run_cmd import positive_int, seed_arg
 
 SCHEMA = "torchrepro.bench/1"
 OWN_FILES = {"bench.json", "bench.png", "bench.txt"}
@@ -102,7 +102,7 @@ def add_parser(sub: Any) -> None:
                         "do nothing on the device are listed as not applicable), then find the cheapest "
                         "configuration that is still bitwise reproducible, verified by a check of 2 runs")
     p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before the script starts")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.add_argument("--out", metavar="DIR", help="output directory (default: a new torchrepro-runs/bench-TIMESTAMP-PID)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="the training command (with --builtin: extra arguments for the bundled script)")

@@ -35,10 +35,10 @@ from ..record.launcher import FORWARDED, CommandError, LaunchOptions, is_interpr
 from ..record.outdir import lock_dir
 from ..record.store import Run, load_run
 from ._checkrun import WriteErrors, output_dir
+from ._options import add_run_options, positive_int
 from ._sides import Side, record_side
 from ._usage import COMMAND_TAIL, set_usage
-from .compare_cmd import add_run_options, add_tolerance_options, launch_options, tolerance
-from .run_cmd import positive_int
+from .compare_cmd import add_tolerance_options, launch_options, tolerance
 
 SCHEMA = "torchrepro.bisect/1"
 EXIT = {"found": 0, "ambiguous": 0, "none-differs": 1}

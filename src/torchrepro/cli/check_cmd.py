@@ -20,9 +20,9 @@ from ._checkrun import (
     execute_runs,
     output_dir,
 )
+from ._options import add_json_option, add_launch_options, determinism_options, positive_int, runs_arg
 from ._output import save_locate
 from ._usage import COMMAND_TAIL, set_usage
-from .run_cmd import add_launch_options, determinism_options, positive_int, runs_arg
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
     from ..analysis.compare import CheckResult
@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
                    help="start each run's interpreter only once the run before it has ended (by default the next "
                         "run's interpreter starts, and imports torch, while the current one trains, and waits "
                         "before its script: the script runs exactly as it would; this only saves the start-up)")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.add_argument("--out", metavar="DIR", help="output directory; only an earlier check's output in it may be "
                    "replaced (default: a new torchrepro-runs/check-TIMESTAMP-PID)")
     set_usage(p, "torchrepro check", COMMAND_TAIL)

@@ -22,9 +22,9 @@ from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUES_ENV, load_run
 from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir
+from ._options import add_run_options, determinism_options, positive_int
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
-from .run_cmd import positive_int, seed_arg, size_arg
 
 if TYPE_CHECKING:
     from ..analysis.crossrun import CompareResult
@@ -60,17 +60,6 @@ def add_tolerance_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=tolerance_arg, metavar="A", help="absolute tolerance (see --rtol)")
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``check`` that apply to each recorded run (shared with ``bisect``)."""
-    p.add_argument("--seed", type=seed_arg, help="seed every RNG with this seed before each command starts")
-    p.add_argument("--deterministic", action="store_true", help="switch deterministic mode on in each command")
-    p.add_argument("--max-steps", type=positive_int, metavar="K", help="end each command cleanly after K steps")
-    p.add_argument("--values-budget", type=size_arg, metavar="SIZE",
-                   help="disk for value snapshots per run (default 1G): tolerances need values; steps beyond the "
-                        "budget are compared bitwise only, and the verdict says so")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
-
-
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="run two different commands and compare them step by step (bitwise or "
                                        "within a tolerance)")
@@ -92,8 +81,8 @@ def add_parser(sub: Any) -> None:
 
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
     """What each recorded run gets: seeding, determinism, steps, and values for the tolerance."""
-    return LaunchOptions(seed=args.seed, deterministic=args.deterministic, max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
+    return LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps, keep_values=True,
+                         values_budget=args.values_budget, value_schedule="sampled",
                          extra_env={GRAD_VALUES_ENV: str(COMPARE_GRAD_STEPS)})
 
 

@@ -17,6 +17,7 @@ from ..record.launcher import CommandError
 from ..record.outdir import lock_dir
 from ..record.store import MANIFEST, load_ranks, load_run, read_manifest, split_run_dirs
 from ._checkrun import EnvironmentDifferences, WriteErrors, environment_differences, output_dir
+from ._options import add_json_option
 from ._output import save_locate
 from ._render import render_op_table
 from .check_cmd import finish
@@ -51,7 +52,7 @@ def add_parser(sub: Any) -> None:
                    help="compare the op traces the runs kept (record them with `torchrepro run --record DIR "
                         "--trace-steps N`): name the first op whose inputs were identical and outputs differed, "
                         "and the environment differences that explain it")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.add_argument("--out", metavar="DIR", help="where to write check.json and the plot (default: a new dir)")
     p.set_defaults(handler=run)
 

@@ -18,6 +18,7 @@ from .._core.io import atomic_write_json
 from .._core.table import printable
 from ..analysis.envdiff import BENIGN, diff_environments, flatten, load_environment, rank_of
 from ..env.info import environment
+from ._options import add_json_option
 from ._render import print_env_diff
 from ._report import html_fields, html_option, write_html_option
 
@@ -30,7 +31,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("env", help="show the environment facts that change numerics; `env diff A B` ranks "
                        "the differences between two", usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
                        "       torchrepro env diff A B [--json]")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the JSON document to FILE instead of printing the table (with --json: print it too)")
     p.add_argument("--include-host", action="store_true",

@@ -11,6 +11,7 @@ from .._core.errors import ReproError
 from .._version import __version__
 from ..lint import FORMATS, ConfigError, LintConfig, lint_paths, load_config, render
 from ..lint.formats import summary_line
+from ._options import add_json_option
 
 
 class LintUsageError(ReproError):
@@ -41,7 +42,7 @@ def add_parser(sub: Any) -> None:
                    help="files and directories to check (default: the current directory)")
     p.add_argument("--format", choices=FORMATS, default="text", action=_FormatAction,
                    help="output format (default: text)")
-    p.add_argument("--json", action="store_true", help="same as --format json")
+    add_json_option(p, "same as --format json")
     p.add_argument("--select", type=_csv, action="extend", default=None, metavar="CODES",
                    help="comma-separated rule codes or prefixes to run (replaces the configured selection)")
     p.add_argument("--extend-select", type=_csv, action="extend", default=[], metavar="CODES",

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._core.errors import ReproError
 from ..lint import RULES, get_rule
+from ._options import add_json_option
 
 
 class UnknownRuleError(ReproError):
@@ -18,7 +19,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("rule", help="explain a lint rule (torchrepro rule TR101); without a code, list the rules")
     p.add_argument("code", nargs="?", help="a rule code (TR101) or name (unseeded-rng)")
     p.add_argument("--all", action="store_true", help="print the documentation of every rule")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.set_defaults(handler=run)
 
 

@@ -19,7 +19,7 @@ from .._core.readjson import read_json
 from ..analysis.scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
 from ..record.launcher import LaunchOptions, launch, parse_python_command
 from ._checkrun import tail_lines
-from .run_cmd import positive_int
+from ._options import add_json_option, positive_int
 
 _STDERR_FD = 2  # with --json the script's stdout goes to our stderr (a file descriptor: works under any sys.stderr)
 
@@ -37,8 +37,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", type=positive_int, default=1, metavar="N",
                    help="scan up to the end of optimizer step N (or backward() call N without an optimizer); "
                         "default 1")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON document on stdout (the script's stdout goes to stderr)")
+    add_json_option(p, "print one JSON document on stdout (the script's stdout goes to stderr)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="the training command; everything from the script on belongs to the script")
     p.set_defaults(handler=run, accepts_command=True)

@@ -20,9 +20,9 @@ from ..control.seeding import derive_seed
 from ..measure.variance import GroupStats, VarianceReport, analyze_variance
 from ..record.launcher import LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
+from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from ._usage import COMMAND_TAIL, set_usage
-from .run_cmd import positive_int, seed_arg
 
 OWN_FILES = {"variance.json", "variance.png", "variance.txt"}
 
@@ -45,7 +45,7 @@ def add_parser(sub: Any) -> None:
                    "torchrepro.log_metric(NAME, value) (default: the loss of the last step)")
     p.add_argument("--deterministic", action="store_true", help="run every run in deterministic mode")
     p.add_argument("--max-steps", type=positive_int, metavar="K", help="end each run cleanly after K steps")
-    p.add_argument("--json", action="store_true", help="write one JSON document to stdout")
+    add_json_option(p)
     p.add_argument("--out", metavar="DIR",
                    help="output directory (default: a new torchrepro-runs/variance-TIMESTAMP-PID)")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
