@@ -346,3 +346,21 @@ def test_noqa_codes_suppress_every_rule_they_are_a_prefix_of():
     flagged = {line - 2 for line in (d.line for d in found)}
     assert [d.code for d in found] == ["TR301"] * len(flagged)
     assert {codes: i not in flagged for i, codes in enumerate(lines)} == lines
+
+
+def test_one_name_for_a_json_ready_dict_and_the_old_names_warn() -> None:
+    """Every class says ``to_json()``; ``to_dict()``/``as_dict()`` are deprecated aliases that give the same dict."""
+    import warnings
+
+    from torchrepro.control.determinism import current_config
+    from torchrepro.control.rng import RNGState
+    from torchrepro.lint.rule import Diagnostic
+
+    state = RNGState.capture()
+    diagnostic = Diagnostic(code="TR001", message="m", help="h", path="p.py", line=1, column=0)
+    for obj, old in ((state, "to_dict"), (current_config(), "as_dict"), (diagnostic, "to_dict")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert getattr(obj, old)() == obj.to_json()
+        assert [w.category for w in caught] == [DeprecationWarning], (type(obj), old)
+        assert f"{old}() is deprecated" in str(caught[0].message)

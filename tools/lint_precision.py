@@ -313,8 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scores = measure(args.root.resolve(), args.key.resolve() if args.key else None)
     overall = total(scores)
     if args.json:
-        print(json.dumps({"root": str(args.root), "projects": [s.as_dict() for s in scores],
-                          "total": overall.as_dict()}, indent=2))
+        print(json.dumps({"root": str(args.root), "projects": [s.to_json() for s in scores],
+                          "total": overall.to_json()}, indent=2))
     else:
         print(table(scores))
         if not args.quiet and overall.problems():

@@ -165,7 +165,7 @@ def test_library_scan_of_a_small_model_restores_its_state():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters()) and opt.state_dict()["state"] == {}
     assert torch.equal(torch.get_rng_state(), rng) and _modes_off()
-    assert ScanReport.from_dict(json.loads(json.dumps(report.to_dict()))).findings == report.findings
+    assert ScanReport.from_dict(json.loads(json.dumps(report.to_json()))).findings == report.findings
 
     assert torchrepro.scan(model, inputs, device="cpu").clean  # neither op is nondeterministic on CPU
 

@@ -215,7 +215,7 @@ def test_entry_names_a_real_op_and_argument(entry: OpEntry):
 def test_rows_are_unique_and_the_api_fields_are_the_agreed_ones():
     keys = [(e.op, e.device, e.condition) for e in nondeterministic_ops()]
     assert len(keys) == len(set(keys))
-    assert list(nondeterministic_ops()[0].as_dict()) == ["op", "device", "when", "deterministic_mode",
+    assert list(nondeterministic_ops()[0].to_json()) == ["op", "device", "when", "deterministic_mode",
                                                          "alternative", "verified_on", "condition"]
     assert torchrepro.nondeterministic_ops is nondeterministic_ops and torchrepro.OpEntry is OpEntry
 

@@ -119,7 +119,7 @@ def _write_doc(path, payload):
 
 
 def test_more_cuda_devices_than_present(tmp_path):
-    payload = torchrepro.RNGState.capture().to_dict()
+    payload = torchrepro.RNGState.capture().to_json()
     payload["cuda"] = [payload["torch_cpu"][:24]] * 3
     path = tmp_path / "cuda.json"
     _write_doc(path, payload)
@@ -130,7 +130,7 @@ def test_more_cuda_devices_than_present(tmp_path):
 
 
 def test_valid_checksum_but_wrong_content(tmp_path):
-    payload = torchrepro.RNGState.capture().to_dict()
+    payload = torchrepro.RNGState.capture().to_json()
     payload["python"][1] = payload["python"][1][:10]
     path = tmp_path / "short.json"
     _write_doc(path, payload)
@@ -208,7 +208,7 @@ BAD_PAYLOADS = {
 def test_bad_payload_is_refused_whole_naming_path_and_field(tmp_path, case):
     mutate, field = BAD_PAYLOADS[case]
     gens = {"tg": torch.Generator().manual_seed(3)}
-    payload = torchrepro.RNGState.capture().to_dict()
+    payload = torchrepro.RNGState.capture().to_json()
     mutate(payload)
     path = tmp_path / "bad.json"
     _write_doc(path, payload)

@@ -145,19 +145,19 @@ def _consistency(rank: int, tmp: Path) -> dict:
                 model.fc2.bias[0] += 1e-4  # after the gradients' all-reduce, before the update
         opt.step()
         report = trd.check_consistency(ddp, opt, step=step, timeout=30)
-        out["reports"].append(report.to_dict() | {"summary": report.summary()})
+        out["reports"].append(report.to_json() | {"summary": report.summary()})
     try:
         trd.check_consistency(ddp, opt, step=4, raise_on_mismatch=True, timeout=30)
     except RankMismatchError as exc:
         out["raised"] = str(exc)
     # buffers are compared when the model is not a DDP with broadcast_buffers (rank-local BN statistics differ)
-    out["inner"] = trd.check_consistency(model, what=("buffers",), timeout=30).to_dict()
+    out["inner"] = trd.check_consistency(model, what=("buffers",), timeout=30).to_json()
     # a gradient present on one rank only: the ranks hold different tensors
     opt.zero_grad()
     ddp(torch.randn(8, 6, generator=g)).sum().backward()
     if rank == 1:
         model.fc1.bias.grad = None
-    out["structure"] = trd.check_consistency(ddp, what=("grads",), timeout=30).to_dict()
+    out["structure"] = trd.check_consistency(ddp, what=("grads",), timeout=30).to_json()
     return out
 
 
@@ -171,11 +171,11 @@ def _dtensor(rank: int, tmp: Path) -> dict:
     full = torch.randn(4, 3)
     m.shard = nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))  # rows 0-1 on rank 0, rows 2-3 on rank 1
     m.rep = nn.Parameter(distribute_tensor(full, mesh, [Replicate()]))
-    first = trd.check_consistency(m, what=("params",), timeout=30).to_dict()
+    first = trd.check_consistency(m, what=("params",), timeout=30).to_json()
     if rank == 1:
         with torch.no_grad():
             m.rep.to_local()[0, 0] += 1.0
-    second = trd.check_consistency(m, what=("params",), timeout=30).to_dict()
+    second = trd.check_consistency(m, what=("params",), timeout=30).to_json()
     return {"first": first, "second": second}
 
 

@@ -44,7 +44,7 @@ def test_fingerprint_has_every_field(env_doc):
     assert env_doc["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
     assert {"mkl", "onednn", "openmp", "build", "parallel_backend", "mkl_available"} <= set(env_doc["config"])
     assert env_doc["threads"] == {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
-    assert env_doc["determinism"] == current_config().as_dict()
+    assert env_doc["determinism"] == current_config().to_json()
     assert {"cuda_matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision"} <= set(env_doc["precision"])
     assert {"cudnn_enabled", "sdpa_flash", "sdpa_mem_efficient", "sdpa_math", "sdpa_cudnn"} <= set(env_doc["backends"])
     assert set(ENV_VARS) <= set(env_doc["env"])

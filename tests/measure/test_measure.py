@@ -154,7 +154,7 @@ def test_output_agreement_and_topk_jaccard():
 def test_report_is_json_ready():
     model = stateful_model()
     report = torchrepro.measure_nondeterminism(model, torch.randn(8, 8), runs=2)  # no target: loss = output.sum()
-    doc = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    doc = json.loads(json.dumps(report.to_json(), allow_nan=False))
     assert doc["schema"] == "torchrepro.measure/1" and doc["identical"] is True and doc["runs"] == 2
     assert doc["overall"]["cosine"] == [[1.0, 1.0], [1.0, 1.0]]
     assert doc["grads"][0]["name"] == "1.weight" and doc["grads"][0]["max_ulp"] == 0

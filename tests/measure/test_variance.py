@@ -122,7 +122,7 @@ def test_detectable_difference_formula():
 def test_verdicts(same, seeds, verdict):
     report = analyze_variance(GroupStats.of("same", same, [0] * len(same)), GroupStats.of("seeds", seeds, [1, 2, 3]))
     assert report.verdict == verdict
-    assert report.to_dict()["title"] and report.to_dict()["action"]
+    assert report.to_json()["title"] and report.to_json()["action"]
     if verdict == "seed-insensitive":
         assert report.ratio is None and report.seed_only_std == 0
 

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._core.errors import ReproError
 from .._core.io import atomic_write_json
 from .._core.modules import ModuleContext, discover_models, optimizers_exist
+from .._core.naming import renamed
 from .._core.table import render_table
 from ..control.registry import match
 from ..control.rng import isolate_rng
@@ -115,8 +116,9 @@ class ScanFinding:
             pass
         return f"{path}:{self.line}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "fix": self.fix}
+    to_dict = renamed("to_json", "to_dict")
 
 
 @dataclass
@@ -143,10 +145,11 @@ class ScanReport:
     def exit_code(self) -> int:
         return 0 if self.clean else 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "verdict": "clean" if self.clean else "found", "exit_code": self.exit_code,
                 "device": self.device, "step_mode": self.step_mode, "steps": self.steps,
-                "ops_seen": self.ops_seen, "findings": [f.to_dict() for f in self.findings], "notes": self.notes}
+                "ops_seen": self.ops_seen, "findings": [f.to_json() for f in self.findings], "notes": self.notes}
+    to_dict = renamed("to_json", "to_dict")
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> ScanReport:
@@ -633,4 +636,4 @@ def child_main() -> None:
         if os.getpid() == pid:  # also when the script failed: what was found before may explain it
             steps = stopper.optimizer_steps or stopper.backward_calls
             report = scanner.report(step_mode=stopper.step_mode, steps=steps)
-            atomic_write_json(Path(config["out"]), {**report.to_dict(), "complete": not failed})
+            atomic_write_json(Path(config["out"]), {**report.to_json(), "complete": not failed})

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if args.code is None:
         rules = list(RULES.values())
         if args.json:
-            print(json.dumps({"schema": "torchrepro.rules/1", "rules": [r.as_dict() for r in rules]}, indent=2))
+            print(json.dumps({"schema": "torchrepro.rules/1", "rules": [r.to_json() for r in rules]}, indent=2))
         elif args.all:
             print("\n".join(r.documentation() for r in rules), end="")
         else:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         raise UnknownRuleError(f"unknown rule {args.code!r}; `torchrepro rule` lists the rules "
                                f"({min(RULES)}..{max(RULES)})")
     if args.json:
-        print(json.dumps({"schema": "torchrepro.rules/1", "rules": [rule.as_dict()]}, indent=2))
+        print(json.dumps({"schema": "torchrepro.rules/1", "rules": [rule.to_json()]}, indent=2))
     else:
         print(rule.documentation(), end="")
     return 0

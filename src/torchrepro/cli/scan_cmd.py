@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     report = scan_script(command, device=args.device, steps=args.steps, stdout=_STDERR_FD if args.json else None)
     if args.json:
-        print(json.dumps({**report.to_dict(), "command": command}, indent=2))
+        print(json.dumps({**report.to_json(), "command": command}, indent=2))
     else:
         print(report.render())
     return report.exit_code

@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         report = analyze_variance(same_stats, seed_stats,
                                   value=f"metric {args.metric!r}" if args.metric else "final loss")
         doc: dict[str, Any] = {
-            "command": command, **report.to_dict(), "deterministic": args.deterministic,
+            "command": command, **report.to_json(), "deterministic": args.deterministic,
             "final_params_identical": _all_same([_params(by_label[lbl], "final") for lbl, _ in same]),
             "initial_params_same_across_seeds": _all_same([_params(by_label[lbl], "init") for lbl, _ in other]),
             "runs": {r.label: r.run_dir.name for r in launched}}

@@ -23,6 +23,7 @@ import torch
 
 from .._core.compat import fill_uninitialized_memory_get, fill_uninitialized_memory_set
 from .._core.errors import ReproWarning
+from .._core.naming import renamed
 
 CUBLAS_ENV = "CUBLAS_WORKSPACE_CONFIG"
 INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"  # read by torch._inductor.config when it is first imported
@@ -49,8 +50,9 @@ class DeterminismConfig:
         """True when this setting asks for deterministic kernels everywhere it can."""
         return self.use_deterministic_algorithms and self.cudnn_deterministic and not self.cudnn_benchmark
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+    as_dict = renamed("to_json", "as_dict")
 
 
 def current_config() -> DeterminismConfig:

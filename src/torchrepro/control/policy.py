@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._core.compat import fill_uninitialized_memory_get, fill_uninitialized_memory_set
 from .._core.errors import NondeterministicOpError, ReproWarning
+from .._core.naming import renamed
 from . import registry
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -265,8 +266,9 @@ class Decision:
     node: str = ""
     count: int = 1
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+    as_dict = renamed("to_json", "as_dict")
 
 
 def _check_action(action: Any, where: str) -> str:

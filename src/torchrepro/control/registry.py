@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from .._core import nondet_ops as facts
+from .._core.naming import renamed
 from .._core.nondet_ops import CPU_VERIFIED, CUDA_UNVERIFIED, DEVICE_KINDS, Arg, Row
 
 __all__ = ["CPU_VERIFIED", "CUDA_UNVERIFIED", "DEVICE_KINDS", "DETERMINISTIC_MODE_EFFECTS", "OpEntry", "device_kind",
@@ -125,8 +126,9 @@ class OpEntry:
             return True
         return CONDITIONS[self.condition](self.op, tuple(args), dict(kwargs or {}))
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
+    as_dict = renamed("to_json", "as_dict")
 
 
 def _entries(row: Row) -> list[OpEntry]:

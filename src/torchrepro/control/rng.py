@@ -39,6 +39,7 @@ import torch
 from .._core.compat import np
 from .._core.errors import DeviceMismatchError, MissingGeneratorError, StateFileError
 from .._core.io import atomic_write_bytes
+from .._core.naming import renamed
 from .._core.readjson import read_bytes
 
 FORMAT = "torchrepro.rng-state"
@@ -224,7 +225,7 @@ def _generator_entry(name: Any, entry: Any) -> dict[str, Any]:
 class RNGState:
     """Every RNG state of this process: Python, NumPy global, torch CPU, each CUDA device, named generators.
 
-    ``capture()`` takes it, ``restore()`` puts it back. ``to_dict()``/``from_dict()`` give the JSON-able
+    ``capture()`` takes it, ``restore()`` puts it back. ``to_json()``/``from_dict()`` give the JSON-able
     form used by :func:`save_rng_state` and checkpoints.
 
     When CUDA is available, ``capture()`` includes every CUDA device even if nothing has used CUDA yet: it then
@@ -332,7 +333,7 @@ class RNGState:
                 gen.bit_generator.state = _from_jsonable(entry["state"])
 
     # --- serialisation -------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (no pickle needed to store or read it)."""
         version, internal, gauss = self.python
         gens = {
@@ -341,10 +342,11 @@ class RNGState:
         }
         return {"python": [version, list(internal), gauss], "numpy": self.numpy,
                 "torch_cpu": _b64(self.torch_cpu), "cuda": [_b64(s) for s in self.cuda], "generators": gens}
+    to_dict = renamed("to_json", "to_dict")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "RNG state") -> RNGState:
-        """Rebuild from :meth:`to_dict`; raises :class:`StateFileError` naming ``source`` and the bad field."""
+        """Rebuild from :meth:`to_json`; raises :class:`StateFileError` naming ``source`` and the bad field."""
         try:
             return parse_state(d)
         except ValueError as exc:
@@ -378,7 +380,7 @@ def _digest(state: Mapping[str, Any]) -> str:
 def save_rng_state(path: str | Path, state: RNGState | None = None) -> RNGState:
     """Write ``state`` (default: a fresh capture) to ``path`` atomically as versioned JSON; return it."""
     state = state or RNGState.capture()
-    payload = state.to_dict()
+    payload = state.to_json()
     doc = {"format": FORMAT, "version": VERSION, "sha256": _digest(payload), "state": payload}
     atomic_write_bytes(path, json.dumps(doc).encode())
     return state

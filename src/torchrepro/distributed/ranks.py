@@ -34,6 +34,7 @@ from torch import nn
 
 from .._core.errors import CollectiveError, RankMismatchError
 from .._core.fingerprint import fingerprint_many
+from .._core.naming import renamed
 from ..control.rng import RNGState
 from ..control.seeding import (
     STREAMS,
@@ -213,7 +214,7 @@ def sync_rng_states(src: int = 0, *, group: Any = None, timeout: float | datetim
     """Give every rank of ``group`` the RNG states of rank ``src`` (a global rank); return the state applied.
 
     Python ``random``, NumPy's global RNG, torch CPU, CUDA, and the registered or given ``generators`` are
-    broadcast as :meth:`RNGState.to_dict` JSON (one broadcast of the size, one of the bytes). When a rank sees
+    broadcast as :meth:`RNGState.to_json` JSON (one broadcast of the size, one of the bytes). When a rank sees
     a different number of CUDA devices than ``src`` (one GPU per rank), ``src``'s current device's state is
     applied to this rank's current device. Without a process group it does nothing and returns the current state.
     """
@@ -226,7 +227,7 @@ def sync_rng_states(src: int = 0, *, group: Any = None, timeout: float | datetim
     if comm.rank == src:
         state = RNGState.capture(generators)
         current = torch.cuda.current_device() if state.cuda else None
-        payload = json.dumps({"state": state.to_dict(), "cuda_current": current}).encode()
+        payload = json.dumps({"state": state.to_json(), "cuda_current": current}).encode()
     data = json.loads(comm.broadcast_bytes(payload, src).decode())
     state_dict, current = data["state"], data["cuda_current"]
     cuda = state_dict.get("cuda") or []
@@ -268,9 +269,10 @@ class TensorMismatch:
         verb = "differs" if len(self.ranks) == 1 else "differ"
         return f"{self.label}: {them} {verb} from {ref}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "label": self.label, "ranks": list(self.ranks),
                 "reference": list(self.reference), "fingerprints": {str(k): v for k, v in self.fingerprints.items()}}
+    to_dict = renamed("to_json", "to_dict")
 
 
 @dataclass(frozen=True)
@@ -316,10 +318,11 @@ class ConsistencyReport:
             lines.append(f"  (+{len(self.problems or self.mismatches) - limit} more)")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "ok": self.ok, "ranks": list(self.ranks), "checked": self.checked,
                 "unreplicated": self.unreplicated, "what": list(self.what),
-                "mismatches": [m.to_dict() for m in self.mismatches], "problems": list(self.problems)}
+                "mismatches": [m.to_json() for m in self.mismatches], "problems": list(self.problems)}
+    to_dict = renamed("to_json", "to_dict")
 
 
 _REPLICATED = b"\x00" * 8

@@ -457,7 +457,7 @@ _FIELD_TYPES: dict[str, type] = {f.name: _NOT_DICT.get(f.name, dict) for f in fi
 SECTIONS: tuple[tuple[str, Callable[[], Any]], ...] = (
     ("python", _python), ("platform", _platform), ("torch_build", _torch_build), ("cuda", _cuda),
     ("accelerators", _accelerators), ("cpu", _cpu), ("config", _config), ("threads", _threads),
-    ("determinism", lambda: current_config().as_dict()), ("precision", _precision), ("backends", _backends),
+    ("determinism", lambda: current_config().to_json()), ("precision", _precision), ("backends", _backends),
     ("packages", _packages),
 )
 

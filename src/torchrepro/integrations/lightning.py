@@ -385,7 +385,7 @@ class ReproducibleCallback(pl.Callback):
         if trainer is None:
             return {}
         state = self._rng_to_restore or RNGState.capture()  # not yet restored after a resume: the saved one
-        texts = _gather_text(trainer, json.dumps(state.to_dict()))
+        texts = _gather_text(trainer, json.dumps(state.to_json()))
         return {"format": FORMAT, "version": VERSION, "seed": self.seed, "world_size": trainer.world_size,
                 "train_loaders": len(self._loaders), "rng": [json.loads(t) for t in texts],
                 "accumulate_grad_batches": trainer.accumulate_grad_batches}

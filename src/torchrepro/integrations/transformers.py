@@ -521,8 +521,8 @@ class ReproducibleCallback(TrainerCallback):
             "position": {"global_step": state.global_step, "epoch": epoch, "batches": batches},
             "trainer_state": _trainer_state_digest(state),
             "components": _component_digests(kwargs),
-            "rng": RNGState.capture().to_dict(),
-            "epoch_rng": (self._epoch_rng or RNGState.capture()).to_dict(),
+            "rng": RNGState.capture().to_json(),
+            "epoch_rng": (self._epoch_rng or RNGState.capture()).to_json(),
         }
         write_state(directory / state_file_name(args.process_index), payload)
 

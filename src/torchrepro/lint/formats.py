@@ -94,7 +94,7 @@ def as_document(result: LintResult) -> dict[str, object]:
         "summary": {"findings": len(result.diagnostics),
                     "files_with_findings": len({d.path for d in result.diagnostics}),
                     "by_code": dict(sorted(by_code.items()))},
-        "diagnostics": [d.to_dict() for d in result.diagnostics],
+        "diagnostics": [d.to_json() for d in result.diagnostics],
         "rules": {code: {"name": RULES[code].name, "family": RULES[code].family, "summary": RULES[code].summary}
                   for code in sorted(by_code)},
     }
@@ -135,7 +135,7 @@ def _uri(path: str) -> tuple[str, bool]:
 
 def sarif_rule(code: str) -> dict[str, object]:
     rule = RULES[code]
-    doc = rule.as_dict()
+    doc = rule.to_json()
     markdown = (f"**{rule.code} {rule.name}** — {rule.summary}\n\n**What it finds.** {doc['what']}\n\n"
                 f"**Why it matters.** {doc['why']}\n\n**Example**\n```python\n{doc['example']}\n```\n\n"
                 f"**Use instead**\n```python\n{doc['instead']}\n```")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,10 +29,15 @@ class Diagnostic:
     end_line: int = 0
     end_column: int = 0
 
-    def to_dict(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, object]:
         return {"code": self.code, "message": self.message, "help": self.help, "path": self.path,
                 "line": self.line, "column": self.column, "end_line": self.end_line or self.line,
                 "end_column": self.end_column or self.column}
+
+    def to_dict(self) -> dict[str, object]:
+        """Deprecated: use :meth:`to_json` (the old name goes in torchrepro 0.3)."""
+        warnings.warn("Diagnostic.to_dict() is deprecated, use Diagnostic.to_json()", DeprecationWarning, stacklevel=2)
+        return self.to_json()
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,18 @@ class Rule:
                 f"Example\n{block(cls.example)}\n\nUse instead\n{block(cls.instead)}\n\nFix: {cls.help}\n")
 
     @classmethod
-    def as_dict(cls) -> dict[str, str]:
+    def to_json(cls) -> dict[str, str]:
         clean = textwrap.dedent
         return {"code": cls.code, "name": cls.name, "family": cls.family, "summary": cls.summary,
                 "what": clean(cls.what).strip(), "why": clean(cls.why).strip(),
                 "example": clean(cls.example).strip("\n"), "instead": clean(cls.instead).strip("\n"),
                 "help": cls.help}
+
+    @classmethod
+    def as_dict(cls) -> dict[str, str]:
+        """Deprecated: use :meth:`to_json` (the old name goes in torchrepro 0.3)."""
+        warnings.warn("Rule.as_dict() is deprecated, use Rule.to_json()", DeprecationWarning, stacklevel=2)
+        return cls.to_json()
 
 
 def is_suppressed(codes: frozenset[str] | None, code: str) -> bool:

@@ -37,6 +37,7 @@ from torch import nn
 from .._core.errors import ReproError
 from .._core.fingerprint import fingerprint_many
 from .._core.modules import discover_models
+from .._core.naming import renamed
 from .._core.table import render_table
 from ..analysis.compare import tensor_delta
 from ..control.determinism import deterministic
@@ -327,10 +328,11 @@ class Spread:
     max_ulp: int
     nonfinite: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.update(shape=list(self.shape), max_abs=_finite(self.max_abs))
         return d
+    to_dict = renamed("to_json", "to_dict")
 
 
 _S = TypeVar("_S", bound=Spread)
@@ -364,9 +366,10 @@ class TensorReport(Spread):
     def max_cosine_distance(self) -> float | None:
         return None if self.cosine_distance is None else max(max(row) for row in self.cosine_distance)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, **super().to_dict(), "min_cosine": self.min_cosine,
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, **super().to_json(), "min_cosine": self.min_cosine,
                 "max_cosine_distance": self.max_cosine_distance}
+    to_dict = renamed("to_json", "to_dict")
 
 
 def _spread(values: list[torch.Tensor], classes: list[int]) -> Spread:
@@ -531,7 +534,7 @@ def _output_report(outputs: list[torch.Tensor], topk: int) -> OutputReport:
 @dataclass(frozen=True)
 class NondeterminismReport:
     """What :func:`measure_nondeterminism` found. ``identical`` is the verdict; ``summary()`` a table;
-    ``to_dict()`` a JSON-ready document (schema ``torchrepro.measure/1``)."""
+    ``to_json()`` a JSON-ready document (schema ``torchrepro.measure/1``)."""
 
     runs: int
     grads: list[TensorReport]
@@ -580,7 +583,7 @@ class NondeterminismReport:
         total = sum(sizes)
         return sum(t.differing_fraction * n for t, n in zip(self.grads, sizes)) / total if total else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "identical": self.identical, "runs": self.runs,
             "deterministic_algorithms": self.deterministic_algorithms, "device": self.device, "threads": self.threads,
@@ -588,11 +591,12 @@ class NondeterminismReport:
                         "max_ulp": self.max_ulp, "min_cosine": self.min_cosine,
                         "max_cosine_distance": self.max_cosine_distance, "cosine": self.cosine,
                         "cosine_distance": self.cosine_distance},
-            "loss": {**self.loss.to_dict(), "values": [v.hex() for v in self.losses]},
-            "output": self.output.to_dict() if self.output is not None else None,
-            "grads": [t.to_dict() for t in self.grads],
-            "params": [t.to_dict() for t in self.params],
+            "loss": {**self.loss.to_json(), "values": [v.hex() for v in self.losses]},
+            "output": self.output.to_json() if self.output is not None else None,
+            "grads": [t.to_json() for t in self.grads],
+            "params": [t.to_json() for t in self.params],
         }
+    to_dict = renamed("to_json", "to_dict")
 
     def summary(self, *, max_rows: int = 30) -> str:
         """A table of the tensors that differ (all of them when none do, up to ``max_rows``), rich when installed."""

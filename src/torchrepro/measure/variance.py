@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .._core.naming import renamed
+
 SCHEMA = "torchrepro.variance/1"
 ALPHA = 0.05
 POWER = 0.8
@@ -131,8 +133,9 @@ class GroupStats:
         std = statistics.stdev(vals) if len(vals) > 1 and not identical else 0.0
         return cls(label, vals, list(seeds), statistics.fmean(vals), std, min(vals), max(vals), identical)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "range": self.range, "values_hex": [v.hex() for v in self.values]}
+    to_dict = renamed("to_json", "to_dict")
 
 
 VERDICTS = {
@@ -185,13 +188,14 @@ class VarianceReport:
         return (f"two-sided two-sample t-test (Welch), alpha={self.alpha:g}, power={self.power:g}: detectable "
                 "difference = (t(1-alpha/2, 2n-2) + t(power, 2n-2)) * sigma * sqrt(2/n)")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA, "value": self.value, "verdict": self.verdict, "title": VERDICTS[self.verdict],
-            "action": ACTIONS[self.verdict], "same_seed": self.same_seed.to_dict(), "seeds": self.seeds.to_dict(),
+            "action": ACTIONS[self.verdict], "same_seed": self.same_seed.to_json(), "seeds": self.seeds.to_json(),
             "ratio": self.ratio, "seed_only_std": self.seed_only_std, "test": self.test, "alpha": self.alpha,
             "power": self.power, "detectable": self.detectable, "detectable_same_seed": self.detectable_same_seed,
         }
+    to_dict = renamed("to_json", "to_dict")
 
 
 def _verdict(same: GroupStats, seeds: GroupStats) -> str:

@@ -626,7 +626,7 @@ class Recorder:
 
         models = self._models if self._models is not None else (self._discovered or discover_models())
         report = check_consistency(models, list(self._optimizers), step=self.steps)
-        self.trace.write({"kind": "ranks", "t": self._now(), **report.to_dict()})
+        self.trace.write({"kind": "ranks", "t": self._now(), **report.to_json()})
         if not report.ok:
             _warn(report.summary())
 

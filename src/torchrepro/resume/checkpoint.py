@@ -7,7 +7,7 @@ A checkpoint is one ``torch.save`` file holding only tensors and plain Python va
      "model": state_dict, "optimizer": state_dict | None, "scheduler": state_dict | None,
      "scaler": state_dict | None, "data": loader.state_dict() | None,
      "classes": {"optimizer": "module:QualName", ...},  # the class of each component saved (optional)
-     "rng": RNGState.to_dict() as a JSON string, "env": {"torch": ..., "device_kind": ...}}
+     "rng": RNGState.to_json() as a JSON string, "env": {"torch": ..., "device_kind": ...}}
 
 Example:
     >>> torchrepro.save_checkpoint("ckpt.pt", model=model, optimizer=opt, loader=loader, step=100)  # doctest: +SKIP
@@ -101,7 +101,7 @@ def save_checkpoint(
         "classes": {name: _class_name(obj) for name, obj in
                     (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler), ("data", loader))
                     if obj is not None},
-        "rng": json.dumps(RNGState.capture(generators).to_dict()),
+        "rng": json.dumps(RNGState.capture(generators).to_json()),
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
     path = Path(path)
