@@ -26,16 +26,9 @@ from typing import Any
 
 import torch
 
-# (rtol, atol) by dtype: torch.testing.assert_close's defaults.
-DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex64: (1.3e-6, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
-EXACT = (0.0, 0.0)  # integers, booleans: equal or not
+from .._core.tolerances import BY_DTYPE as DEFAULT_TOLERANCES
+from .._core.tolerances import EXACT
+
 LOSS_DTYPE = torch.float32  # the recorded loss is a Python float; its tolerance is float32's unless given
 
 

@@ -39,21 +39,15 @@ from .._core.fingerprint import fingerprint_many
 from .._core.modules import discover_models
 from .._core.naming import renamed
 from .._core.table import render_table
+from .._core.tolerances import PRESETS
 from ..analysis.compare import tensor_delta
 from ..control.determinism import deterministic
 from ..control.rng import RNGState
 
 SCHEMA = "torchrepro.measure/1"
 
-# Tolerances for assert_deterministic(..., **TOLERANCES[name]). Run-to-run differences under autocast are a few
-# units in the last place of the low-precision format: the presets allow about two (fp16: 2 * 2**-10,
-# bf16: 2 * 2**-7, relative), plus an absolute 1e-5 for values near zero.
-TOLERANCES: Mapping[str, Mapping[str, float]] = types.MappingProxyType({
-    "bitwise": types.MappingProxyType({"atol": 0.0, "rtol": 0.0}),
-    "fp32": types.MappingProxyType({"atol": 1e-5, "rtol": 1.3e-6}),
-    "fp16-autocast": types.MappingProxyType({"atol": 1e-5, "rtol": 2e-3}),
-    "bf16-autocast": types.MappingProxyType({"atol": 1e-5, "rtol": 1.6e-2}),
-})
+# Tolerances for assert_deterministic(..., **TOLERANCES[name]): the presets of the one tolerance table.
+TOLERANCES = PRESETS
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
