@@ -3,6 +3,7 @@ scripts (unchanged), and scripts that never reach step K or never checkpoint."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import importlib.util
 import json
@@ -202,10 +203,53 @@ def test_transformers_trainer_resumes_with_its_own_checkpoint(tmp_path):
     rc, doc, _, err = resume_check(tmp_path, "train_hf.py")
     assert rc == 0, (err, doc.get("restored"))
     assert doc["trainer"] == "transformers" and doc["verdict"] == "identical"
-    assert doc["checkpoint"] == str(tmp_path / "hf_out" / f"checkpoint-{K}")
-    assert (tmp_path / "hf_out" / f"checkpoint-{K}" / "optimizer.pt").is_file()
+    assert doc["checkpoint"] == str(tmp_path / "out" / "run2-checkpoint" / f"checkpoint-{K}")
+    assert (tmp_path / "out" / "run2-checkpoint" / f"checkpoint-{K}" / "optimizer.pt").is_file()
+    assert list((tmp_path / "hf_out").glob("*")) == []  # the forced save went to torchrepro's folder, not output_dir
     assert all(restored(doc).values()), doc["restored"]
     assert doc["comparison"]["working_directory"]["read_from_earlier_run"] == []
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: its relative path -> the SHA-256 of a file's bytes, or "dir"."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_transformers_forced_save_leaves_the_users_checkpoints_alone(tmp_path):
+    """output_dir already holds the user's own checkpoint-K (and an older one that save_total_limit=1 would rotate
+    away): the checkpoint torchrepro forces at step K goes to its own directory, and the resume reads it from there;
+    the user's files are untouched, byte for byte."""
+    (tmp_path / "train_hf.py").write_text(TRANSFORMERS.replace('save_strategy="no",',
+                                                               'save_strategy="no", save_total_limit=1,'))
+    users = tmp_path / "hf_out"
+    for step in (2, K):
+        ckpt = users / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "sentinel.txt").write_text(f"the user's own checkpoint of step {step}\n")
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": [],
+                                                             "best_model_checkpoint": None}))
+        (ckpt / "optimizer.pt").write_bytes(b"not a real optimizer state " + bytes([step]))
+    before = tree_digest(users)
+    rc, doc, _, err = resume_check(tmp_path, "train_hf.py")
+    assert tree_digest(users) == before
+    assert rc == 0, (err, doc.get("restored"))
+    assert doc["trainer"] == "transformers" and doc["verdict"] == "identical"
+    assert doc["checkpoint"] == str(tmp_path / "out" / "run2-checkpoint" / f"checkpoint-{K}")
+    assert all(restored(doc).values()), doc["restored"]
+
+
+def test_a_checkpoint_folder_torchrepro_did_not_make_is_never_deleted(tmp_path):
+    """OUT/run2-checkpoint is replaced only when torchrepro made it (its mark is inside); else exit 2, untouched."""
+    theirs = tmp_path / "out" / "run2-checkpoint"
+    theirs.mkdir(parents=True)
+    (theirs / "model.pt").write_bytes(b"precious")
+    rc, doc, _, _ = resume_check(tmp_path, LOOP)
+    assert rc == 2 and doc["verdict"] == "error", doc
+    assert "run2-checkpoint" in doc["error"] and "did not make" in doc["error"], doc["error"]
+    assert (theirs / "model.pt").read_bytes() == b"precious" and {p.name for p in theirs.iterdir()} == {"model.pt"}
+    assert not (tmp_path / "out" / "run1").exists()
 
 
 # --- the trainer integrations under check --resume-at: without the callback the resume differs for the reason

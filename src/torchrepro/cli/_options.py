@@ -5,7 +5,7 @@ Example:
     >>> import argparse
     >>> p = argparse.ArgumentParser()
     >>> add_run_options(p)
-    >>> args = p.parse_args(["--deterministic-except", "cudnn_benchmark", "--json"])
+    >>> args = p.parse_args(["--deterministic-except", "cudnn-benchmark", "--json"])
     >>> determinism_options(args)["deterministic"], args.json
     (True, True)
 """

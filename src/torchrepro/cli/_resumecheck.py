@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.errors import ScriptError
-from .._core.io import atomic_write_json
+from .._core.errors import OutputDirError, ScriptError
+from .._core.io import atomic_write_bytes
 from ..record.launcher import CommandError, LaunchOptions, RunResult, parse_python_command
 from ..record.outdir import lock_dir, make_dir
 from ..record.resumeat import CHECKPOINT_ENV, FACTS_KEY
@@ -25,18 +25,15 @@ from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_run
 from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
-    WriteErrors,
     _failure,
     _Progress,
     environment_differences,
     launch_run,
     output_dir,
     prepare_run,
-    print_verdict,
-    saved,
     tail_lines,
 )
-from .run_cmd import determinism_options
+from ._options import determinism_options
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import ResumeResult
@@ -83,9 +80,9 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
     parse_python_command(command)
     straight, stopped, resumed = out / "run1", out / "run2", out / "run2-resumed"
     checkpoints = out / "run2-checkpoint"
-    if checkpoints.is_dir() and not checkpoints.is_symlink():
-        shutil.rmtree(checkpoints)  # an earlier check's (check_check_dir let only ours be there)
+    clear_checkpoints(checkpoints)
     make_dir(checkpoints, flag="--out")
+    atomic_write_bytes(checkpoints / CHECKPOINTS_MARK, b"torchrepro check --resume-at: the checkpoint of run 2\n")
     checkpoint = str((checkpoints / f"checkpoint-{k}").resolve())
 
     def plan(phase: str, path: str = "") -> dict[str, Any]:
@@ -128,6 +125,23 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
             raise _error(f"run 2{label} trained no step after the restart: it did not resume training (the script "
                          f"may think it is done, e.g. a step counter restored past the end). {PROTOCOL}.", resumed)
     return ResumeRuns(straight, stopped, resumed, facts)
+
+
+CHECKPOINTS_MARK = ".torchrepro-checkpoints"  # in OUT/run2-checkpoint: torchrepro made that folder
+
+
+def clear_checkpoints(folder: Path) -> None:
+    """Remove an earlier check's ``OUT/run2-checkpoint``, only when torchrepro made it (its mark is inside): a
+    folder of that name that torchrepro did not make may hold someone's checkpoint, and is never deleted."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_dir() and not folder.is_symlink() and (folder / CHECKPOINTS_MARK).is_file():
+        shutil.rmtree(folder)
+        return
+    raise OutputDirError(f"--out {folder.parent}: {folder} exists but torchrepro did not make it (it has no "
+                         f"{CHECKPOINTS_MARK}); check --resume-at writes its checkpoint there and would replace it. "
+                         "Move it elsewhere if it is yours (or delete it if you no longer need it), or pass another "
+                         "--out.")
 
 
 def _error(message: str, run_dir: Path) -> ScriptError:
@@ -199,25 +213,19 @@ def finish_resume(result: ResumeResult, out: Path, *, what: str, as_json: bool,
     """Plot, write check.json (schema torchrepro.check-resume/1), print; exit 0 identical, 1 diverged, 2 unsaved."""
     from ..analysis.report import plot_check
     from ._html.reports import resume_report
+    from ._output import Verdict, emit
     from ._render import render_resume
-    from ._report import REPORT, write_report
 
-    errors: WriteErrors = []
-    plot = saved(out / "check.png", lambda: plot_check(result.comparison, out / "check.png"), errors)
-    doc = result.to_json() | {"plot": str(plot) if plot else None, "command": what,
-                              "exit_code": 0 if result.verdict == "identical" else 1}
+    doc = result.to_json() | {"plot": None, "command": what, "exit_code": None}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(result.verdict)
-    summary = render_resume(result, what=what, plot=str(plot) if plot else None)
-    report = write_report(out / REPORT, lambda: resume_report(result, doc, out, command=what, text=summary), errors)
-    doc["report"] = str(report) if report else None
-    if errors:
-        from ._checkrun import unsaved_message
 
-        doc["exit_code"], doc["error"] = 2, unsaved_message(errors)
-    saved(out / "check.json", lambda: atomic_write_json(out / "check.json", doc), errors)
-    text = ""
-    if not as_json:
+    def text(summary: str, plot: str | None, report: Path | None) -> str:
         env_text = environment.render(result.verdict) if environment is not None else None
-        text = summary + (f"\nReport: {report}" if report else "") + ("\n\n" + env_text if env_text else "")
-    return print_verdict(doc, text, as_json, errors)
+        return summary + (f"\nReport: {report}" if report else "") + ("\n\n" + env_text if env_text else "")
+
+    return emit(Verdict(doc, 0 if result.verdict == "identical" else 1, "check.json",
+                        plot=lambda path: plot_check(result.comparison, path),
+                        summary=lambda plot: render_resume(result, what=what, plot=plot), text=text,
+                        report=lambda d, summary: resume_report(result, d, out, command=what, text=summary)),
+                out, as_json=as_json)

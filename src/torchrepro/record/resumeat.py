@@ -11,8 +11,11 @@ whatever callbacks the trainer already has):
   ``trainer.save_checkpoint(path)`` at the end of the batch whose optimizer step is step K, then ends the script;
   in the resume phase ``fit(..., ckpt_path=path)`` is called instead of ``fit(...)``.
 - **transformers** ``Trainer``: in the stop phase a callback sets ``control.should_save`` and
-  ``control.should_training_stop`` at step K, so the Trainer writes its own ``output_dir/checkpoint-K``; in the
-  resume phase ``train(resume_from_checkpoint=that directory)`` is called.
+  ``control.should_training_stop`` at step K, and points ``args.output_dir`` at torchrepro's checkpoint directory
+  for the rest of that ``train()`` call, so the Trainer writes its own ``checkpoint-K`` there (never into the
+  script's ``output_dir``, where the user's own ``checkpoint-K`` may already be, and where its checkpoint rotation
+  would delete the user's older ones); in the resume phase ``train(resume_from_checkpoint=that directory)`` is
+  called, and a ``ReproducibleCallback`` is told that directory (``callback.resume_from``).
 
 Scripts with their own loop read where they are (:func:`resume_point`, or the environment variables):
 
@@ -109,7 +112,7 @@ class ResumePlan:
     step: int  # K
     checkpoint: str  # stop: where to save (a file for Lightning, a path for scripts); resume: what to load
     trainer: str | None = None  # "lightning" or "transformers" once the script called fit()/train()
-    saved: str | None = None  # the checkpoint a trainer wrote (transformers: output_dir/checkpoint-K)
+    saved: str | None = None  # the checkpoint a trainer wrote (transformers: <checkpoint's folder>/checkpoint-K)
     saved_at_step: int | None = None
     resumed_from: str | None = None  # the checkpoint a trainer was told to resume from
     notes: list[str] = field(default_factory=list)
@@ -118,7 +121,8 @@ class ResumePlan:
     @classmethod
     def from_options(cls, config: dict[str, Any]) -> ResumePlan:
         phase, step = config.get("phase"), config.get("step")
-        if phase not in PHASES or not isinstance(step, int) or step < 1:
+        if (phase not in PHASES or not isinstance(step, int) or step < 1
+                or phase != "straight" and not config.get("checkpoint")):  # never "": a save into the cwd
             raise ValueError(f"bad resume_at launch option {config!r}")
         return cls(phase=phase, step=step, checkpoint=str(config.get("checkpoint") or ""))
 
@@ -216,17 +220,20 @@ class ResumePlan:
                     plan.notes.append(f"train(resume_from_checkpoint={given!r}) was replaced by the checkpoint of "
                                       f"step {plan.step}")
                 bound.arguments["resume_from_checkpoint"] = plan.resumed_from = plan.checkpoint
+                _name_checkpoint(trainer, plan.checkpoint)
                 return orig(*bound.args, **bound.kwargs)
             if plan.phase != "stop" or plan.saved is not None:
                 return orig(*bound.args, **bound.kwargs)
             callback = plan._transformers_callback()
             trainer.add_callback(callback)
+            output_dir = trainer.args.output_dir
             try:
                 result = orig(*bound.args, **bound.kwargs)
             finally:
                 trainer.remove_callback(callback)
-            if callback.requested_at is not None:  # the Trainer saved output_dir/checkpoint-<global step> and stopped
-                folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
+                trainer.args.output_dir = output_dir  # the callback pointed it at torchrepro's folder at step K
+            if callback.requested_at is not None:  # the Trainer saved <folder>/checkpoint-<global step> and stopped
+                folder = os.path.join(callback.folder, f"checkpoint-{callback.requested_at}")
                 plan.saved, plan.saved_at_step = folder, plan._steps()
                 plan._stop()
             return result
@@ -241,13 +248,21 @@ class ResumePlan:
         plan = self
 
         class _StopAtStep(TrainerCallback):  # type: ignore[misc]
-            """Has the Trainer save its own checkpoint once step K is done, and stop training."""
+            """Has the Trainer save its own checkpoint once step K is done, and stop training.
+
+            The Trainer saves into ``args.output_dir/checkpoint-<step>`` (and then rotates the checkpoints there
+            when ``save_total_limit`` is set): ``args.output_dir`` is pointed at torchrepro's own folder (new,
+            empty) for the save and the rest of ``train()``, so nothing of the user's in the script's
+            ``output_dir`` is written over or deleted; the callbacks' ``on_save`` (``ReproducibleCallback``'s
+            state file) see the same folder. ``train``'s wrapper puts ``output_dir`` back."""
 
             requested_at: int | None = None
+            folder = str(Path(plan.checkpoint).parent)
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
                 if self.requested_at is None and plan._steps() >= plan.step:
                     self.requested_at = state.global_step
+                    args.output_dir = self.folder
                     control.should_save = True
                     control.should_training_stop = True
                 return control
@@ -261,6 +276,20 @@ class ResumePlan:
         if self.recorder is not None:
             self.recorder.stopped = True
         raise MaxStepsReached()
+
+
+def _name_checkpoint(trainer: Any, checkpoint: str) -> None:
+    """Tell the trainer's ``ReproducibleCallback`` (if any) the checkpoint it resumes from: it is in torchrepro's
+    folder, not in ``output_dir``, where the callback would look (and might find the user's own ``checkpoint-K``).
+
+    The callback's module is looked up, not imported (a callback of that class means it is already imported)."""
+    module = sys.modules.get("torchrepro.integrations.transformers")
+    callback_cls = getattr(module, "ReproducibleCallback", None)
+    if callback_cls is None:
+        return
+    for callback in getattr(getattr(trainer, "callback_handler", None), "callbacks", ()):
+        if isinstance(callback, callback_cls):
+            callback.resume_from(checkpoint)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
