@@ -6,7 +6,20 @@ from pathlib import Path
 
 
 class ReproError(Exception):
-    """Base class of every error torchrepro raises on purpose."""
+    """Base class of every error torchrepro raises on purpose.
+
+    ``stderr_path``: the file holding the failed process's stderr, when there is one (the CLI's JSON error document
+    names it).
+
+    >>> ScriptError("run 1 of 2 failed", stderr_path="out/run1/stderr.txt").stderr_path
+    'out/run1/stderr.txt'
+    """
+
+    stderr_path: str | None = None
+
+    def __init__(self, *args: object, stderr_path: str | Path | None = None) -> None:
+        super().__init__(*args)
+        self.stderr_path = str(stderr_path) if stderr_path is not None else None
 
 
 class InvalidSeedError(ReproError, ValueError):

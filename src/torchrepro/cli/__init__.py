@@ -116,9 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(command, as_json, "torchrepro: ", str(exc), 128 + exc.signum)
     except InternalError as exc:
         return _fail(command, as_json, "torchrepro: internal error: ", str(exc), 3,
-                     stderr=getattr(exc, "stderr_path", None))
+                     stderr=exc.stderr_path)
     except ReproError as exc:
-        return _fail(command, as_json, "torchrepro: error: ", str(exc), 2, stderr=getattr(exc, "stderr_path", None))
+        return _fail(command, as_json, "torchrepro: error: ", str(exc), 2, stderr=exc.stderr_path)
     except KeyboardInterrupt:
         return _fail(command, as_json, "torchrepro: ", "interrupted", 130)
     except BrokenPipeError:  # `torchrepro ... | head`: the reader left; not an error of ours

@@ -99,17 +99,14 @@ def _failure(i: int, total: int, result: RunResult, run_dir: Path, shared: str |
             "(and optimizer.step()).")
     if shared is not None:
         hint = f"{shared}\n{hint}"
-    error = ScriptError(f"run {i} of {total}{label} {what}; the runs cannot be compared. {hint}\n"
-                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}")
-    error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
-    return error
+    return ScriptError(f"run {i} of {total}{label} {what}; the runs cannot be compared. {hint}\n"
+                       f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}",
+                       stderr_path=run_dir / "stderr.txt")
 
 
 def _with_note(error: ScriptError, note: str) -> ScriptError:
     """``error`` with ``note`` added to its message (its stderr path kept)."""
-    new = ScriptError(f"{error}\n{note}")
-    new.stderr_path = getattr(error, "stderr_path", None)  # type: ignore[attr-defined]
-    return new
+    return ScriptError(f"{error}\n{note}", stderr_path=error.stderr_path)
 
 
 # Imported in a background thread while the first run trains, so their import time (torch, matplotlib) is not
@@ -506,8 +503,7 @@ def rank_failure(i: int, total: int, result: RunResult, run_dir: Path) -> Script
     stderr, whose = path / "stderr.txt", f"rank {failed}'s" if early else "its"
     error = ScriptError(f"run {i} of {total} {what}" + (f"; then {', '.join(others)}" if others else "")
                         + f". The runs cannot be compared. {hint}\nLast lines of {whose} stderr ({stderr}):\n"
-                        f"{tail_lines(stderr)}")
-    error.stderr_path = str(stderr)  # type: ignore[attr-defined]
+                        f"{tail_lines(stderr)}", stderr_path=stderr)
     return error
 
 

@@ -150,9 +150,7 @@ def _error(message: str, run_dir: Path) -> ScriptError:
     tail = tail_lines(run_dir / "stderr.txt")
     if tail not in ("(empty)", "(no output captured)"):
         message = f"{message}\nLast lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail}"
-    error = ScriptError(message)
-    error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
-    return error
+    return ScriptError(message, stderr_path=run_dir / "stderr.txt")
 
 
 def _too_short(i: int, label: str, steps: int, k: int, run_dir: Path, result: RunResult) -> ScriptError:

@@ -73,10 +73,9 @@ def _failure(i: int, total: int, label: str, result: RunResult, run_dir: Path, c
         what = "finished but recorded no optimizer step and no backward() call"
         hint = (f"torchrepro {command} needs training steps: make sure the script calls loss.backward() (and "
                 "optimizer.step()).")
-    error = ScriptError(f"run {i} of {total} ({label}) {what}. {hint}\n"
-                        f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}")
-    error.stderr_path = str(run_dir / "stderr.txt")  # type: ignore[attr-defined]
-    return error
+    return ScriptError(f"run {i} of {total} ({label}) {what}. {hint}\n"
+                       f"Last lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail_lines(run_dir / 'stderr.txt')}",
+                       stderr_path=run_dir / "stderr.txt")
 
 
 def run_series(out: Path, plan: list[tuple[str, list[str], LaunchOptions]], *, what: str,

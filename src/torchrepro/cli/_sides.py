@@ -69,10 +69,9 @@ def parse_side(label: str, text: str) -> Side:
 
 def side_error(side: Side, exc: ScriptError) -> ScriptError:
     """A failed run named by its command (``command B (`python t.py --x`): run 1 of 1 failed ...``)."""
-    new = ScriptError(f"command {side.label} (`{side.shown}`): {exc}".replace("the runs cannot be compared",
-                                                                            "the commands cannot be compared"))
-    new.stderr_path = getattr(exc, "stderr_path", None)  # type: ignore[attr-defined]
-    return new
+    return ScriptError(f"command {side.label} (`{side.shown}`): {exc}".replace("the runs cannot be compared",
+                                                                             "the commands cannot be compared"),
+                       stderr_path=exc.stderr_path)
 
 
 def record_side(side: Side, where: Path, opts: LaunchOptions, *, quiet: bool = False,

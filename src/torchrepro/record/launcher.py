@@ -658,8 +658,7 @@ def _internal_error(command: list[str], what: str, log: Any) -> InternalError:
     where = f" Its traceback is in {log}." if isinstance(log, str) else " Its traceback is above."
     error = InternalError(f"torchrepro's own code failed in the process that ran `{' '.join(command)}`, after "
                           f"the script ended: {what}. This is a bug in torchrepro, not in your script.{where} "
-                          "Please report it with that traceback.")
-    error.stderr_path = log if isinstance(log, str) else None  # type: ignore[attr-defined]
+                          "Please report it with that traceback.", stderr_path=log if isinstance(log, str) else None)
     return error
 
 
