@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def test_sigterm_while_run_1_trains_ends_the_waiting_run_2_too(tmp_path):
 
 
 def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a cap only, for a loaded machine: the loop waits on the condition
     while not condition():
         assert time.monotonic() < deadline, what
         assert proc.poll() is None, proc.communicate()
@@ -134,9 +135,26 @@ def test_a_check_stopped_during_its_background_import_exits_with_its_own_code(tm
         # check has started both runs' interpreters (run 2's waits): its background import of torch goes on
         wait_for(lambda: len(processes_naming(str(log))) >= 3, proc, "check did not start runs 1 and 2")
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=600)  # a cap only: it waits for at most the one module being imported
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + sig, err  # not -11 (SIGSEGV)
     assert "interrupted" in err
+
+
+def test_a_check_ending_early_imports_no_further_analysis_module(monkeypatch):
+    """The check that ends early waits for the module being imported in the background, and for no other: on a
+    loaded machine importing all of them took minutes, and the stopped check's exit waited for every one."""
+    from torchrepro.cli import _checkrun
+
+    imported: list[str] = []
+
+    def import_module(name: str) -> None:
+        imported.append(name)
+        _checkrun._stop_prefetch.set()  # the check ends while this module is imported
+
+    monkeypatch.setattr(_checkrun.importlib, "import_module", import_module)
+    monkeypatch.setattr(_checkrun, "_stop_prefetch", threading.Event())
+    _checkrun._import_quietly(("first.module", "second.module", "third.module"))
+    assert imported == ["first.module"]

@@ -117,6 +117,8 @@ _ANALYSIS_MODULES = ("torchrepro.analysis.compare", "torchrepro.analysis.envdiff
 
 def _import_quietly(names: tuple[str, ...]) -> None:
     for name in names:
+        if _stop_prefetch.is_set():  # the check is ending: the module being imported finishes, no next one starts
+            return
         try:
             importlib.import_module(name)
         except Exception:  # reported by the main thread's own import of the module
@@ -138,12 +140,15 @@ def prefetch_analysis() -> None:
 
 
 def wait_for_prefetch() -> None:
-    """Wait until the background import has ended (at once if it never started)."""
+    """Wait until the background import has ended (at once if it never started); a module not yet begun is not
+    imported (a check that ends early waits for one module's import at most, not for all of them)."""
+    _stop_prefetch.set()
     if _prefetch is not None:
         _prefetch.join()
 
 
 _prefetch: threading.Thread | None = None
+_stop_prefetch = threading.Event()
 
 
 @dataclass
