@@ -4,6 +4,7 @@ including when a file cannot be written (the verdict printed all the same, ``exi
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,25 @@ def test_compare_and_bisect_honour_deterministic_except() -> None:
     opts = launch_options(p.parse_args(["--deterministic-except", "cudnn-benchmark,fill-uninitialized-memory"]))
     assert opts.deterministic is True
     assert opts.determinism == {"fill_uninitialized_memory": False, "cudnn_benchmark": True}
+
+
+SPOOF = "fc\x1b[2K\r\x1b[32mtorchrepro: IDENTICAL\x1b[0m\u202e.weight"
+
+
+@pytest.mark.parametrize("name", ["check", "ranks", "compare"])
+def test_names_from_a_run_directory_cannot_spoof_the_terminal(name: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parameter named with ESC, CR or U+202E (a crafted run directory) is printed escaped: no cursor move, no
+    colour, no reversed text, and no line of its own."""
+    spoofed = _diverged()
+    spoofed.first = [Difference("grads", 1, [SPOOF, "fc.bias\ntorchrepro: IDENTICAL - forged line"])]
+    spoofed.final_max_abs_delta, spoofed.final_max_abs_delta_tensor = 0.5, SPOOF
+    spoofed.runs = ["out/run1\x1b[8m", "out/run2\u202e"]  # a run directory's path is printed too
+    monkeypatch.setattr(sys.modules[__name__], "_diverged", lambda: spoofed)
+    finish, _, _ = PATHS[name]
+    assert finish(tmp_path, False) == 1
+    out = capsys.readouterr().out
+    assert not any(ch in out for ch in "\x1b\r\u202e"), repr(out)
+    assert "fc\\x1b[2K\\r\\x1b[32mtorchrepro: IDENTICAL\\x1b[0m\\u202e.weight" in out
+    assert not any(line.startswith("torchrepro: IDENTICAL") for line in out.splitlines())

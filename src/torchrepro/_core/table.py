@@ -54,6 +54,17 @@ def printable(text: str) -> str:
     return "".join(_escape(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in text)
 
 
+def printable_lines(text: str) -> str:
+    """``text`` with every line made :func:`printable` (its line breaks kept): what a command prints, so that no
+    string it quotes (a parameter, module or file name from a run directory) can move the cursor, recolour the
+    terminal or reverse the text.
+
+    >>> printable_lines("torchrepro: DIVERGED\\nname \\x1b[32mok\\r")
+    'torchrepro: DIVERGED\\nname \\\\x1b[32mok\\\\r'
+    """
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def _escape(ch: str) -> str:
     code = ord(ch)
     long = f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from .._core.errors import InternalError, Interrupted, ReproError
+from .._core.table import printable_lines
 from .._version import __version__
 
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(command: str | None, as_json: bool, prefix: str, message: str, exit_code: int, **extra: object) -> int:
-    print(prefix + message, file=sys.stderr, flush=True)
+    print(printable_lines(prefix + message), file=sys.stderr, flush=True)  # it may quote file or command names
     if as_json:
         doc = error_document(command, message, exit_code, **extra) | _option_schema(_argv, command)
         print(json.dumps(doc, indent=2), flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import EnvFileError, Interrupted, ScriptError
+from .._core.table import printable_lines
 from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
 from ..record.outdir import check_check_dir, check_run_dir, make_dir, unique_dir
@@ -460,7 +461,7 @@ def print_verdict(doc: dict[str, Any], text: str, as_json: bool, errors: WriteEr
     """Print the JSON document or the text, then any write error (exit 2); return the exit code."""
     if errors:
         doc["exit_code"], doc["error"] = 2, unsaved_message(errors)
-    print(json.dumps(doc, indent=2) if as_json else text, flush=True)
+    print(json.dumps(doc, indent=2) if as_json else printable_lines(text), flush=True)
     if errors:
         print(f"torchrepro: error: {doc['error']}", file=sys.stderr, flush=True)
     return int(doc["exit_code"])

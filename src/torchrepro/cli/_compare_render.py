@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._core.table import printable
 from ..analysis.compare import LABELS
 from ..analysis.crossrun import CompareResult, Entry
 from ._render import _final_line, _fmt, _names
@@ -20,7 +21,7 @@ def _what(result: CompareResult) -> str:
 def _entry(e: Entry, result: CompareResult) -> str:
     """``parameters 2.weight at step 3: |Δ| 2.4e-07, relative 1.1e-06, 0.85x the tolerance (rtol 1.3e-06, ...)``."""
     when = "the final parameters" if e.step == result.final_step and e.kind == "params" else f"step {e.step}"
-    head = f"{LABELS[e.kind]} {e.tensor} at {when}"
+    head = f"{LABELS[e.kind]} {printable(e.tensor)} at {when}"
     if e.delta is None:
         return f"{head}: {e.reason or 'compared bitwise only (no values kept)'}"
     d = e.delta

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from .._core.errors import ScriptError
+from .._core.table import printable
 from ..analysis.compare import note_shared_workdir
 from ..analysis.rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..analysis.report import plot_check
@@ -99,7 +100,7 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
         if result.verdict == "identical":
             lines.append(f"  rank {r}: identical ({result.steps[0]} steps)")
         else:
-            first = "; ".join(f"{d.label} {', '.join(d.names[:2])}" for d in result.first[:2])
+            first = "; ".join(f"{d.label} {', '.join(printable(n) for n in d.names[:2])}" for d in result.first[:2])
             lines.append(f"  rank {r}: DIVERGED at step {result.first_step} ({first}); cause: {result.cause}")
     lines.append("Between the ranks of each run (replicas: initial parameters, gradients, parameters, optimizer "
                  "state):")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 def _names(names: list[str], limit: int = 3) -> str:
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(printable(n) for n in names[:limit])  # a name from a run directory is untrusted
     return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
@@ -28,11 +28,11 @@ def _final_line(result: CheckResult) -> str:
         return f"  final parameters{among}: bitwise equal" if stopped else \
             "  final parameters: bitwise equal in every run"
     line = (f"  final max |Δ weight|{among} = {result.final_max_abs_delta:.6g} "
-            f"({result.final_max_abs_delta_tensor})")
+            f"({printable(result.final_max_abs_delta_tensor)})")
     if result.final_max_abs_delta == 0:
         line += " - finite values equal; the tensors differ in NaN/Inf positions, sign of zero or NaN bits"
     if result.max_ulp:
-        line += f"; largest ULP distance = {result.max_ulp} ({result.max_ulp_tensor})"
+        line += f"; largest ULP distance = {result.max_ulp} ({printable(result.max_ulp_tensor or '')})"
     return line
 
 
