@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._render import failure_lines
+
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else ("0" if x == 0 else f"{x:.3e}")
@@ -63,8 +65,8 @@ def render_compare_locate(doc: dict[str, Any]) -> str:
     if doc.get("compiled"):
         return render_compiled_locate(doc)
     lines = ["", f"Locate: {doc['title']}"]
-    if doc["verdict"] in ("nothing-to-locate", "skipped"):
-        return "\n".join(lines)
+    if doc["verdict"] in ("nothing-to-locate", "skipped", "failed"):
+        return "\n".join(lines + failure_lines(doc))
     traced = ", ".join(map(str, doc.get("traced_steps") or [])) or "-"
     n = doc.get("ops_traced") or [0, 0]
     lines[-1] += f" (traced step {traced}: {n[0]} ops in A, {n[1]} in B; {_counts(doc)})"

@@ -89,3 +89,16 @@ def save_locate(out: Path, doc: dict[str, Any], table: str | None, errors: Write
         doc["op_table"] = str(path)
     saved(out / "locate.json", lambda: atomic_write_json(out / "locate.json", doc), errors)
     return doc
+
+
+NOT_TRACED = ("nothing-to-locate", "skipped", "failed")  # locate verdicts with no op to show
+
+
+def locate_failed(exc: Exception, rerun: str) -> dict[str, Any]:
+    """The ``locate`` document when ``--locate``'s traced re-runs failed: the verdict already found is kept and
+    this is reported beside it (``rerun`` names the command to try by hand)."""
+    first = str(exc).split("\n", 1)[0]
+    return {"verdict": "failed", "title": f"the traced re-runs failed, so no op could be named: {first}",
+            "error": str(exc), "stderr": getattr(exc, "stderr_path", None),
+            "note": f"The verdict above stands (it comes from the compared runs). Fix what made the re-run fail, "
+                    f"then run `{rerun}` again."}

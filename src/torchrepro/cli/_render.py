@@ -133,6 +133,13 @@ def _src(op: dict[str, Any] | None) -> str:
     return f"{op['op']} [{op.get('phase')}, module {op.get('module') or '-'}] at {where}"
 
 
+def failure_lines(doc: dict[str, Any]) -> list[str]:
+    """The lines under a ``failed`` locate: where its stderr is, and what to do."""
+    if doc.get("verdict") != "failed":
+        return []
+    return ([f"  its stderr: {doc['stderr']}"] if doc.get("stderr") else []) + [f"  {doc['note']}"]
+
+
 def render_compiled_locate(doc: dict[str, Any]) -> str:
     """Text for --locate on torch.compile'd code (see :mod:`torchrepro.analysis.compilelocate`)."""
     lines = ["", f"Locate: {doc['title']}"]
@@ -172,8 +179,8 @@ def render_locate(doc: dict[str, Any]) -> str:
     if doc.get("compiled"):
         return render_compiled_locate(doc)
     lines = ["", f"Locate: {doc['title']}"]
-    if verdict in ("nothing-to-locate", "skipped"):
-        return "\n".join(lines)
+    if verdict in ("nothing-to-locate", "skipped", "failed"):
+        return "\n".join(lines + failure_lines(doc))
     traced = doc.get("traced_steps") or []
     lines[-1] += (f" (traced step(s) {', '.join(map(str, traced)) or '-'} in {doc.get('traced_in', 'two re-runs')}: "
                   f"{doc['ops_traced'][0]} and {doc['ops_traced'][1]} ops)")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core.errors import Interrupted, ReproError
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command, ranks_command
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, load_run
@@ -21,7 +22,7 @@ from ._checkrun import (
     output_dir,
 )
 from ._options import add_json_option, add_launch_options, determinism_options, positive_int, runs_arg
-from ._output import save_locate
+from ._output import NOT_TRACED, locate_failed, save_locate
 from ._usage import COMMAND_TAIL, set_usage
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
@@ -195,9 +196,16 @@ def run(args: argparse.Namespace) -> int:
         result = compare_runs(runs)
         note_shared_workdir(result, isolation.to_json() or {})
         errors: WriteErrors = []
-        located = (run_locate(command, out, result, opts, args.locate_steps, errors, isolation,
-                              prestart=not args.no_prestart) if args.locate else None)
-        if located is not None and located.get("verdict") not in ("nothing-to-locate", "skipped"):
+        located: dict[str, Any] | None = None
+        if args.locate:
+            try:
+                located = run_locate(command, out, result, opts, args.locate_steps, errors, isolation,
+                                     prestart=not args.no_prestart)
+            except Interrupted:
+                raise
+            except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
+                located = locate_failed(exc, f"torchrepro check --locate -- {' '.join(command)}")
+        if located is not None and located.get("verdict") not in NOT_TRACED:
             result.next_action = LOCATED_NEXT  # not "check --locate names the operation": it just ran
         return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located,
                       environment=environment_differences(runs, quiet_if_same=True), errors=errors, runs=runs)

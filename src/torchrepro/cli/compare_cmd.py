@@ -15,14 +15,17 @@ Example::
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core.errors import Interrupted, ReproError
 from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUES_ENV, load_run
 from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir
 from ._options import add_run_options, determinism_options, positive_int
+from ._output import locate_failed
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
 
@@ -120,7 +123,13 @@ def run(args: argparse.Namespace) -> int:
         if args.locate:
             from ._comparelocate import locate_sides
 
-            located = locate_sides(sides, runs, result, out, opts, args.locate_steps, errors)
+            try:
+                located = locate_sides(sides, runs, result, out, opts, args.locate_steps, errors)
+            except Interrupted:
+                raise
+            except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
+                located = locate_failed(exc, f"torchrepro compare --locate {shlex.quote(args.command_a)} "
+                                             f"{shlex.quote(args.command_b)}")
         return finish(result, out, runs, as_json=args.json, located=located, errors=errors)
 
 

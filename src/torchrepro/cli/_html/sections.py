@@ -195,6 +195,8 @@ def locate(doc: dict[str, Any] | None, text: str) -> Raw:
     op = doc.get("op")
     if doc.get("verdict") in ("nothing-to-locate", "skipped"):
         return section("Locate", "".join(parts), anchor="locate")
+    if doc.get("verdict") == "failed":
+        return section("Locate", "".join(parts) + f"<pre>{esc_lines(text)}</pre>", anchor="locate")
     if isinstance(op, dict) and "op" in op and "context" in doc and not doc.get("compiled"):
         where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
         same_in = "identical" if doc.get("verdict") in ("origin", "rng") else "DIFFERENT"
