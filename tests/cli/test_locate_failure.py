@@ -83,3 +83,18 @@ def test_compare_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> N
     assert "then run `torchrepro compare --locate 'python train.py" in p.stdout
     saved = json.loads((tmp_path / "out" / "compare.json").read_text())
     assert saved["verdict"] == "diverged" and saved["locate"]["verdict"] == "failed"
+
+
+def test_a_check_run_with_deterministic_mode_is_not_told_to_rerun_with_it(tmp_path: Path) -> None:
+    """Next after `check --deterministic` names what deterministic mode does not cover, and its command reproduces
+    the same runs (the user's options kept) with --locate."""
+    counter = str(tmp_path / "starts")
+    p = _run(tmp_path, "check", "--seed", "3", "--deterministic", "--json", "--out", str(tmp_path / "out"), "--",
+             "python", "train.py", counter)
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["cause"] == "compute" and "Rerun with `torchrepro check --deterministic" not in doc["action"]
+    assert doc["action"].startswith("Deterministic mode was on, so this is not a kernel that deterministic mode "
+                                    "covers: look for an unseeded random op")
+    assert (f"`torchrepro check --seed 3 --deterministic --locate -- python train.py {counter}` names the operation"
+            in doc["action"]), doc["action"]

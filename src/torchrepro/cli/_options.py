@@ -133,3 +133,26 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="disk for value snapshots per run (default 1G): tolerances need values; steps beyond the "
                         "budget are compared bitwise only, and the verdict says so")
     add_json_option(p)
+
+
+def launch_words(args: argparse.Namespace) -> list[str]:
+    """The launch options ``args`` was given, as command-line words, for a Next that reproduces the same runs.
+
+    >>> launch_words(argparse.Namespace(seed=0, deterministic=True, deterministic_except=None, max_steps=5,
+    ...                                 values_budget=None, fresh_cwd=True))
+    ['--seed', '0', '--deterministic', '--max-steps', '5', '--fresh-cwd']
+    """
+    words: list[str] = []
+    if getattr(args, "seed", None) is not None:
+        words += ["--seed", str(args.seed)]
+    if getattr(args, "deterministic_except", None):
+        words += ["--deterministic-except", ",".join(args.deterministic_except).replace("_", "-")]
+    elif getattr(args, "deterministic", False):
+        words.append("--deterministic")
+    if getattr(args, "max_steps", None) is not None:
+        words += ["--max-steps", str(args.max_steps)]
+    if getattr(args, "values_budget", None) is not None:
+        words += ["--values-budget", str(args.values_budget)]
+    if getattr(args, "fresh_cwd", False):
+        words.append("--fresh-cwd")
+    return words

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from ._checkrun import (
     execute_runs,
     output_dir,
 )
-from ._options import add_json_option, add_launch_options, determinism_options, positive_int, runs_arg
+from ._options import add_json_option, add_launch_options, determinism_options, launch_words, positive_int, runs_arg
 from ._output import NOT_TRACED, locate_failed, save_locate
 from ._usage import COMMAND_TAIL, set_usage
 
@@ -100,6 +101,10 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
 
 
 LOCATED_NEXT = "See Locate below: what the traced re-runs found, and what to change."
+DETERMINISTIC_NEXT = ("Deterministic mode was on, so this is not a kernel that deterministic mode covers: look for an "
+                      "unseeded random op (a generator seeded from os.urandom or the time), a kernel with no "
+                      "deterministic implementation that only warned, or state outside torch. `{rerun}` names the "
+                      "operation and its source line.")
 
 
 def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions, steps: int,
@@ -195,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
         runs = [load_run(d) for d in dirs]
         result = compare_runs(runs)
         note_shared_workdir(result, isolation.to_json() or {})
+        if result.cause == "compute" and opts.deterministic:  # not "rerun with --deterministic": it was on
+            rerun = shlex.join(["torchrepro", "check", *launch_words(args), "--locate", "--", *command])
+            result.next_action = DETERMINISTIC_NEXT.format(rerun=rerun)
         errors: WriteErrors = []
         located: dict[str, Any] | None = None
         if args.locate:
