@@ -86,6 +86,33 @@ def test_a_run_that_resumes_from_the_previous_runs_snapshot_is_named(project):
     assert wd["read_from_earlier_run"] == [{"run": 2, "path": "snapshot.pt", "how": "opened", "change": "created"}]
 
 
+def test_a_snapshot_written_through_a_symlinked_folder_outside_the_cwd_is_named(tmp_path):
+    """``out/`` links to a folder outside the working directory: run 2 loading run 1's snapshot from it is shared
+    state, not unseeded initial weights (the watch follows symlinked folders)."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "out").symlink_to(elsewhere, target_is_directory=True)
+    (project / "train.py").write_text(RESUMES.replace('"snapshot.pt"', '"out/snapshot.pt"'))
+    p = check(project, "--json", "--out", str(tmp_path / "check"), "--", "python", "train.py")
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["cause"] == "shared-working-directory", doc["cause"]
+    assert doc["working_directory"]["read_from_earlier_run"] == [
+        {"run": 2, "path": "out/snapshot.pt", "how": "opened", "change": "created"}]
+
+
+def test_walk_follows_symlinked_folders_once(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.txt").write_text("a")
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "real" / "loop").symlink_to(tmp_path, target_is_directory=True)  # a cycle back to the root
+    entries = walk(tmp_path).entries
+    assert {"link", "real", "real/a.txt", "real/loop"} <= set(entries)
+    assert "link/a.txt" in entries  # walked through the link (first in name order), and through real/ again
+    assert not any(p.startswith("real/loop/") for p in entries)
+
+
 def test_fresh_cwd_gives_each_run_its_own_copy(project):
     p = check(project, "--fresh-cwd", "--json", "--out", "out", "--", "python", "train.py")
     assert p.returncode == 0, p.stderr

@@ -126,12 +126,15 @@ def _copied(entry: os.DirEntry[str]) -> bool:
 
 
 def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT, *, copied: bool = False) -> Snapshot:
-    """Stat ``root`` and what lies under it, breadth first in name order; symlinks are not followed; version
-    control, caches, virtual environments, torchrepro's output and ``skip`` are left out; at most ``limit``.
-    ``copied``: only what :func:`copy_workdir` copies (no FIFO, socket or device), each with the bytes it copies
-    (a regular file's size, 0 for a folder or symlink)."""
+    """Stat ``root`` and what lies under it, breadth first in name order; version control, caches, virtual
+    environments, torchrepro's output and ``skip`` are left out; at most ``limit``. Symlinks are followed (a
+    script that writes ``out/snapshot.pt`` through a symlinked ``out/`` changes what lies under the working
+    directory as the script sees it), each folder once. ``copied``: only what :func:`copy_workdir` copies (no
+    FIFO, socket or device; symlinks not followed, as they are copied as links), each with the bytes it copies (a
+    regular file's size, 0 for a folder or symlink)."""
     skipped = {os.path.realpath(p) for p in skip}
     entries: dict[str, tuple[int, int, int]] = {}
+    visited = {os.path.realpath(root)}  # folders reached through a symlink are walked once (no cycle)
     queue = [(str(root), "")]
     while queue:
         path, rel = queue.pop(0)
@@ -149,6 +152,8 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT, *, cop
             try:
                 st = entry.stat(follow_symlinks=False)
                 is_dir = entry.is_dir(follow_symlinks=False)
+                if not copied and entry.is_symlink():
+                    st, is_dir = _through_link(entry, st, visited)
             except OSError:
                 continue
             if is_dir and skipped_dir(entry.path, skipped) or copied and special_kind(st.st_mode):
@@ -160,6 +165,22 @@ def walk(root: Path, skip: Iterable[Path] = (), limit: int = WATCH_LIMIT, *, cop
         if more:
             return Snapshot(entries, truncated=True)
     return Snapshot(entries, truncated=False)
+
+
+def _through_link(entry: os.DirEntry[str], own: os.stat_result, visited: set[str]) -> tuple[os.stat_result, bool]:
+    """``stat`` of what the symlink ``entry`` points to, and whether to walk it as a folder (once per real folder);
+    the link's own ``stat`` when it points nowhere."""
+    try:
+        st = entry.stat(follow_symlinks=True)
+    except OSError:  # a dangling link: the link itself
+        return own, False
+    if not stat.S_ISDIR(st.st_mode):
+        return st, False
+    real = os.path.realpath(entry.path)
+    if real in visited:
+        return st, False
+    visited.add(real)
+    return st, True
 
 
 def changed_files(before: Snapshot, after: Snapshot, root_before: Any, root_after: Any) -> dict[str, str]:
