@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,9 @@ def test_the_report_shows_the_verdict_the_tensors_and_both_lines(order):
 
 
 def test_an_end_state_without_values_is_not_called_equivalent(order, tmp_path, capsys):
-    """The pair again, as if recorded with --values-budget 0 (no snapshots): the losses agree within rtol=1e-4,
-    but the differing parameters cannot be measured, so the verdict is diverged and says why (it was equivalent)."""
+    """The pair again, as if recorded without --keep-values (no snapshots): the losses agree within rtol=1e-4,
+    but the differing parameters cannot be measured, so the verdict is diverged and says why (it was equivalent),
+    and what to do: record with values (not "raise --values-budget", which cannot help)."""
     import shutil
 
     runs = []
@@ -169,7 +171,12 @@ def test_an_end_state_without_values_is_not_called_equivalent(order, tmp_path, c
     assert doc["verdict"] == "diverged" and measured <= {"loss"}
     first = doc["first_out_of_tolerance"]
     assert first["kind"] == "params" and first["within"] is False
-    assert first["reason"].startswith("no values of it were kept (values budget)")
+    assert first["reason"] == ("no values of it were recorded (the run was recorded without --keep-values), so it "
+                               "cannot be shown to be within the tolerance; record it with `torchrepro run "
+                               "--keep-values --record DIR -- ...`")
+    assert main(["compare", "--rtol", "1e-4", "--out", str(tmp_path / "nv2"), *runs]) == 1
+    text = capsys.readouterr().out
+    assert "A and B were recorded without values" in text and "raise --values-budget" not in text
 
 
 def test_an_out_over_a_run_it_reads_is_refused_and_the_run_kept(order, tmp_path, capsys):
@@ -221,3 +228,30 @@ def test_b_reading_what_a_wrote_in_the_working_directory_is_the_cause(tmp_path):
                                          "B opened snap.pt (created by A).")
     assert doc["working_directory"]["read_from_earlier_run"][0]["path"] == "snap.pt"
     assert doc["working_directory"]["cause_otherwise"] == "initial-weights"
+
+
+NUDGE = textwrap.dedent("""
+    import sys, torch
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    for _ in range(3):
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+    if "--nudge" in sys.argv:  # after training: e.g. a weight tying or rounding pass before saving
+        with torch.no_grad():
+            model.weight.add_(1e-3)
+""")
+
+
+def test_parameters_changed_after_the_last_step_are_called_final_parameters(tmp_path, capsys, monkeypatch):
+    (tmp_path / "t.py").write_text(NUDGE)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--out", str(tmp_path / "out"), "python t.py", "python t.py --nudge"]) == 1
+    text = capsys.readouterr().out
+    headline = text.splitlines()[0]
+    assert headline.endswith("; even out of the per-dtype default tolerance in the final parameters (changed after "
+                             "the last step)."), headline
+    assert "from step 4 on" not in text

@@ -272,3 +272,18 @@ def test_a_report_that_fails_to_build_is_a_warning_and_a_disk_error_is_named(tmp
     (tmp_path / "file").write_text("x")
     assert write_report(tmp_path / "file" / "report.html", lambda: "<html>", errors) is None
     assert len(errors) == 1 and "file/report.html" in errors[0][0]
+
+
+def test_the_growth_plot_does_not_call_runs_equal_when_nothing_was_saved_after_the_divergence():
+    """Values saved at steps 0-2, a divergence at step 3, run 2 stopped before the next saved step: the plot said
+    "finite parameter values equal at every saved step" (true, and misleading)."""
+    from torchrepro.analysis.compare import CheckResult
+    from torchrepro.cli._html.sections import plots
+
+    result = CheckResult(verdict="diverged", runs=["a", "b"], step_mode="optimizer", steps=[6, 4], first_step=3,
+                         cause="compute", losses=[[1.0] * 6, [1.0] * 4], param_delta={0: 0.0, 1: 0.0, 2: 0.0},
+                         stopped=[None, {"after_step": 4, "first_divergent_step": 3}])
+    page = str(plots(result))
+    assert "equal at every saved step" not in page
+    assert ("parameter values were saved only before the first divergence (step 3): none from there on (a "
+            "diverged run stopped before the next saved step)") in page

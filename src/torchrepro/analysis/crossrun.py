@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..record.store import Run
+from ..record.store import VALUES, Run
 from .causes import SHARED_CWD
 from .causes import cause as registered
 from .compare import KINDS, LABELS, CheckResult, compare_runs, note_shared_workdir
@@ -105,6 +105,7 @@ class CompareResult:
     verdict: str = "identical"
     final_step: int = 0  # the step number given to final-parameter entries
     compiled: list[list[dict[str, Any]]] = field(default_factory=lambda: [[], []])  # each side's compiled regions
+    without_values: list[str] = field(default_factory=list)  # "A"/"B": recorded with no value snapshot at all
 
     @property
     def first_out(self) -> Entry | None:
@@ -301,8 +302,9 @@ def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
     if check.verdict == "identical":
         return result
     result.entries, result.final_step = _entries(a, b, tol)
+    result.without_values = [side for side, run in zip("AB", (run_a, run_b)) if not (Path(run.path) / VALUES).is_dir()]
     if not tol.bitwise:
-        _end_state_unverified(result.entries, result.final_step)
+        _end_state_unverified(result.entries, result.final_step, UNRECORDED if result.without_values else UNVERIFIED)
     result.verdict = ("diverged" if tol.bitwise or result.first_out is not None or check.cause == SHARED_CWD
                       else "equivalent")
     return result
@@ -312,13 +314,17 @@ UNVERIFIED = ("no values of it were kept (values budget), so it cannot be shown 
               "--values-budget")
 
 
-def _end_state_unverified(entries: list[Entry], final_step: int) -> None:
+UNRECORDED = ("no values of it were recorded (the run was recorded without --keep-values), so it cannot be shown to "
+              "be within the tolerance; record it with `torchrepro run --keep-values --record DIR -- ...`")
+
+
+def _end_state_unverified(entries: list[Entry], final_step: int, reason: str = UNVERIFIED) -> None:
     """Steps between snapshots may be compared bitwise only, but not the end: a parameter that differs at the last
     step (or in the final parameters) without values to measure makes the verdict ``diverged``, saying why, rather
     than ``equivalent`` on the strength of the losses alone."""
     for e in entries:
         if e.kind == "params" and e.step >= final_step - 1 and e.delta is None and e.reason is None:
-            e.reason = UNVERIFIED
+            e.reason = reason
 
 
 def _command(run: Run) -> str:

@@ -30,6 +30,14 @@ def _entry(e: Entry, result: CompareResult) -> str:
     return text + (f"; {d.note}" if d.note else "")
 
 
+def _from(first: Entry, result: CompareResult) -> str:
+    """``from step 3 on``, or ``in the final parameters`` when only what the script did after its last step (e.g.
+    a change to the weights after training) is out."""
+    if first.step == result.final_step and first.kind == "params":
+        return "in the final parameters (changed after the last step)"
+    return f"from step {first.step} on"
+
+
 def _headline(result: CompareResult) -> str:
     check = result.check
     unit = "steps" if check.step_mode == "optimizer" else "backward() calls"
@@ -42,11 +50,11 @@ def _headline(result: CompareResult) -> str:
     first = result.first_out
     if result.tolerance.bitwise:
         worst = result.worst("ratio")
-        out = (f"; even out of the per-dtype default tolerance from step {first.step} on" if first is not None else
+        out = (f"; even out of the per-dtype default tolerance {_from(first, result)}" if first is not None else
                f"; every difference measured is within the per-dtype default tolerance ({worst.delta.ratio:.2g}x of "
                "it at most): `--rtol dtype` would accept them" if worst is not None and worst.delta else "")
     else:
-        out = f"; out of tolerance from step {first.step} on" if first is not None else ""
+        out = f"; out of tolerance {_from(first, result)}" if first is not None else ""
     return (f"torchrepro: DIVERGED at step {check.first_step} - {_what(result)} ({unit}: {check.steps[0]} and "
             f"{check.steps[1]}){out}.")
 
@@ -75,6 +83,12 @@ def _bitwise_only(result: CompareResult) -> str | None:
     if not steps:
         return None
     shown = ", ".join(map(str, steps[:8])) + (f" (+{len(steps) - 8} more)" if len(steps) > 8 else "")
+    if result.without_values:
+        sides = " and ".join(result.without_values) + (" was" if len(result.without_values) == 1 else " were")
+        return (f"Bitwise only: step(s) {shown}: tensors differ there but {sides} recorded without values, so they "
+                "could not be compared within the tolerance; "
+                "record with values (`torchrepro run --keep-values --record DIR -- ...`), or give compare the "
+                "commands instead of run directories (it keeps values itself).")
     return (f"Bitwise only: step(s) {shown}: tensors differ there but no values were kept (outside the sampled steps "
             "or the values budget), so they could not be compared within the tolerance; raise --values-budget, or "
             "use --max-steps, to compare them by value.")

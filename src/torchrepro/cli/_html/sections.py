@@ -83,8 +83,12 @@ def plots(result: CheckResult, labels: list[str] | None = None) -> Raw:
     steps = sorted(result.param_delta)
     empty = ("all parameters bitwise equal" if result.verdict == "identical" or steps else
              "no parameter values saved")
-    if steps and not any(result.param_delta[k] > 0 for k in steps):
-        empty = ("finite parameter values equal at every saved step" if result.verdict != "identical" else empty)
+    if steps and not any(result.param_delta[k] > 0 for k in steps) and result.verdict != "identical":
+        empty = "finite parameter values equal at every saved step"
+        if first is not None and max(steps) < first:  # nothing saved at or after the divergence: say so
+            stopped = " (a diverged run stopped before the next saved step)" if any(result.stopped) else ""
+            empty = (f"parameter values were saved only before the first divergence (step {first}): none from "
+                     f"there on{stopped}")
     delta = line_chart([Series(f"max |Δ param| vs {labels[0]}", [(k, result.param_delta[k]) for k in steps])],
                        title="How the difference grew", xlabel="step (0 = initial parameters)",
                        ylabel="max |Δ param|", log_y=True, marker_x=first, empty_text=empty)
