@@ -18,6 +18,7 @@ from .._core.errors import ScriptError, StateFileError
 from .._core.readjson import read_json
 from ..analysis.scan import DEVICES, SCAN_ENV, ScanError, ScanReport, child_code
 from ..record.launcher import LaunchOptions, launch, parse_python_command
+from ..record.launchers import several_processes_error
 from ._checkrun import tail_lines
 from ._options import add_json_option, positive_int
 
@@ -43,11 +44,14 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run, accepts_command=True)
 
 
-def _launch_command(command: list[str]) -> list[str]:
-    """``python -c <scan child> KIND TARGET ARGS`` with the user's interpreter and python options."""
+def _launch_command(command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``python -c <scan child> KIND TARGET ARGS`` with the user's interpreter and python options, and the variables
+    the user's launcher sets for the script (``accelerate launch`` of one process)."""
     target = parse_python_command(command)
+    if target.launcher:  # accelerate launch of several processes: scan runs one
+        raise several_processes_error(target.launcher)
     return [target.interpreter, *target.python_flags, "-c", child_code(), target.kind, target.target,
-            *target.argv[1:]]
+            *target.argv[1:]], dict(target.env)
 
 
 def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any = None) -> ScanReport:
@@ -55,10 +59,11 @@ def scan_script(command: list[str], *, device: str, steps: int = 1, stdout: Any 
 
     Raises :class:`~torchrepro._core.errors.ScriptError` (with the tail of the script's stderr) when it fails.
     """
-    launch_command = _launch_command(command)  # a bad command is refused before anything runs
+    launch_command, launcher_env = _launch_command(command)  # a bad command is refused before anything runs
     with tempfile.TemporaryDirectory(prefix="torchrepro-scan-") as tmp:
         out, err_path = Path(tmp) / "scan.json", Path(tmp) / "stderr.txt"
-        opts = LaunchOptions(extra_env={SCAN_ENV: json.dumps({"out": str(out), "device": device, "steps": steps})})
+        scan = json.dumps({"out": str(out), "device": device, "steps": steps})
+        opts = LaunchOptions(extra_env={**launcher_env, SCAN_ENV: scan})
         with open(err_path, "wb") as err:
             result = launch(launch_command, opts, stdout=stdout, stderr=err)
         what = f"`{' '.join(command)}`"

@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import io
 import json
 import os
 import re
@@ -29,24 +28,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .._core.errors import InternalError, Interrupted, ReproError, StateFileError
+from .._core.errors import InternalError, Interrupted, StateFileError
 from .._core.io import atomic_write_json
 from .._core.readjson import field_problems, read_json
+from .launchers import (
+    LAUNCHER_KINDS,
+    TORCHRUN_KIND,
+    launcher_argv,
+    parse_accelerate,
+    refuse_not_followed,
+    run_launcher,
+    several_processes_error,
+)
+from .launchers import CommandError as CommandError  # the launcher commands (torchrun, accelerate) are read there
+from .launchers import TorchrunSpec as TorchrunSpec
+from .launchers import is_interpreter as is_interpreter
+from .launchers import parse_torchrun as parse_torchrun
+from .launchers import parse_torchrun_command as parse_torchrun_command
+from .launchers import ranks_command as ranks_command
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
 
 CONFIG_ENV = "TORCHREPRO_LAUNCH"
 NODE_TOKEN_ENV = "TORCHREPRO_NODE_TOKEN"  # one node's launch of a run of several nodes: its ranks write it down
 PARENT_ENV = "TORCHREPRO_PARENT_PID"
-_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?(\.exe)?")
 _PY_FLAGS_PASSED = {"-u", "-B", "-O", "-OO", "-q", "-s"}
+PY_OPTIONS_WITH_VALUE = {"-W": "ARG", "-X": "OPT"}  # passed on with their value: `-W ignore`, `-Wignore`, `-X dev`
 _PY_FLAGS_REFUSED = {"-E": "ignores PYTHONHASHSEED and the other variables torchrepro sets",
                      "-I": "ignores PYTHONHASHSEED and the other variables torchrepro sets"}
 _USAGE = "Pass `python train.py [ARGS]`, `python -m package.module [ARGS]`, `python -c CODE` or `train.py [ARGS]`."
-
-
-class CommandError(ReproError):
-    """A command that torchrepro cannot launch with recording."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,8 @@ class Target:
     argv: list[str]
     interpreter: str = sys.executable
     python_flags: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # what a launcher sets for the script (accelerate launch of one process)
+    launcher: tuple[str, ...] = ()  # the launcher that starts the ranks (accelerate launch of several: launchers)
 
     def child_command(self) -> list[str]:
         """The child's command line: the user's interpreter running the torchrepro launcher."""
@@ -65,26 +77,27 @@ class Target:
                 *self.argv[1:]]
 
 
-def is_interpreter(word: str) -> bool:
-    """``python``, ``python3``, ``/usr/bin/python3.11`` -- but not ``python_train.py``."""
-    return bool(_PYTHON_NAME.fullmatch(Path(word).name))
-
-
 def parse_python_command(command: list[str]) -> Target:
     """Understand ``python train.py ARGS``, ``python -m pkg.mod ARGS``, ``python -c CODE`` or ``train.py ARGS``.
 
     The interpreter named in the command is the one that runs the script (it must have torchrepro installed);
-    a script given without an interpreter runs with the current one.
+    a script given without an interpreter runs with the current one. ``accelerate launch ...`` is the script it
+    starts (see :mod:`torchrepro.record.launchers`); other launchers are refused by name.
 
     >>> target = parse_python_command([sys.executable, "-m", "pkg.train", "--lr", "0.1"])
     >>> target.kind, target.target, target.argv
     ('module', 'pkg.train', ['pkg.train', '--lr', '0.1'])
     >>> parse_python_command(["train.py"])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    torchrepro.record.launcher.CommandError: script 'train.py' does not exist (working directory ...).
+    torchrepro.record.launchers.CommandError: script 'train.py' does not exist (working directory ...).
     """
     if not command:
         raise CommandError("no command given. Usage: torchrepro run [OPTIONS] -- python train.py [ARGS]")
+    refuse_not_followed(command)
+    accelerate = parse_accelerate(command)
+    if accelerate is not None:
+        return dataclasses.replace(parse_python_command(accelerate.python_command), env=accelerate.env,
+                                   launcher=accelerate.launcher)
     args = list(command)
     interpreter, flags = sys.executable, []
     if is_interpreter(args[0]):
@@ -93,9 +106,18 @@ def parse_python_command(command: list[str]) -> Target:
         while args and args[0].startswith("-") and args[0] not in ("-m", "-c", "-"):
             if args[0] in _PY_FLAGS_REFUSED:
                 raise CommandError(f"python option {args[0]} {_PY_FLAGS_REFUSED[args[0]]}; remove it.")
+            if args[0][:2] in PY_OPTIONS_WITH_VALUE:
+                width = 2 if args[0] in PY_OPTIONS_WITH_VALUE else 1  # `-W ignore` or `-Wignore`
+                if len(args) < width:
+                    raise CommandError(f"python option {args[0]} needs a value, e.g. `python -W ignore train.py` or "
+                                       f"`python -X dev train.py`. {_USAGE}")
+                flags.extend(args[:width])
+                del args[:width]
+                continue
             if args[0] not in _PY_FLAGS_PASSED:
+                supported = sorted([*_PY_FLAGS_PASSED, *(f"{o} {v}" for o, v in PY_OPTIONS_WITH_VALUE.items())])
                 raise CommandError(f"python option {args[0]!r} is not supported by torchrepro (supported: "
-                                   f"{' '.join(sorted(_PY_FLAGS_PASSED))}). {_USAGE}")
+                                   f"{' '.join(supported)}). {_USAGE}")
             flags.append(args.pop(0))
         if args[:1] in (["-m"], ["-c"]):
             if len(args) < 2:
@@ -104,9 +126,6 @@ def parse_python_command(command: list[str]) -> Target:
             kind = "module" if args[0] == "-m" else "code"
             argv = [args[1] if kind == "module" else "-c", *args[2:]]
             return Target(kind, args[1], argv, interpreter, tuple(flags))
-    if command and Path(command[0]).name in _TORCHRUN_NAMES:
-        raise CommandError(f"this command does not take torchrun commands ({' '.join(command)!r}); `torchrepro run` "
-                           "and `check` do: `torchrepro check -- torchrun --nproc-per-node N train.py`.")
     if not args or not args[0].endswith(".py"):
         raise CommandError(f"torchrepro records Python training scripts; got {' '.join(command)!r}. {_USAGE}")
     if not Path(args[0]).is_file():
@@ -148,141 +167,17 @@ _PROBE = ("import importlib.util as u, sys\n"
 
 
 # --- torchrun ------------------------------------------------------------------------------------------------
-_TORCHRUN_NAMES = {"torchrun", "torchrun.exe"}
-_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-# torchrun options whose value changes what is run: check refuses them unless they have these values
-_TORCHRUN_REFUSED = {"nnodes": ("1", "1:1"), "node_rank": (0,), "max_restarts": (0,), "no_python": (False,),
-                     "virtual_local_rank": (False,)}
-
-
-TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.record.launcher torchrun ARGS``: torch.distributed.run, tied to us
-
-
 def torchrun_command(target: Target, nproc_per_node: int, rendezvous: list[str] | None = None) -> list[str]:
     """``torch.distributed.run --standalone --nproc-per-node P --no-python`` + the child launcher, run by
     :func:`_torchrun_main` (so that torchrun, and through it every rank, dies with torchrepro). ``rendezvous``
-    replaces ``--standalone`` for one node of several (``--nnodes N --node-rank R --rdzv-endpoint ...``)."""
+    replaces ``--standalone`` for one node of several (``--nnodes N --node-rank R --rdzv-endpoint ...``). An
+    ``accelerate launch`` of several processes (``target.launcher``) starts them itself, with the same child."""
+    if target.launcher:
+        return [target.interpreter, *target.python_flags, "-m", "torchrepro.record.launcher",
+                *launcher_argv(target.child_command(), target.launcher)]
     return [target.interpreter, *target.python_flags, "-m", "torchrepro.record.launcher", TORCHRUN_KIND,
             *(rendezvous if rendezvous else ["--standalone"]), f"--nproc-per-node={nproc_per_node}", "--no-python",
             *target.child_command()]
-
-
-# torchrun options passed on for one node of several: how the nodes find each other
-_RENDEZVOUS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr",
-               "master_port", "local_addr")
-
-
-@dataclass(frozen=True)
-class TorchrunSpec:
-    """A torchrun command, understood: the Python command of every rank, ranks per node, and for several
-    nodes the rendezvous options (passed on to torchrun as they were given)."""
-
-    python_command: list[str]
-    nproc_per_node: int
-    nnodes: int = 1
-    node_rank: int = 0
-    rendezvous: tuple[str, ...] = ()
-    static: bool = True  # ranks numbered node_rank * nproc_per_node + local rank (torchrun's static rendezvous)
-
-
-def parse_torchrun_command(command: list[str]) -> tuple[list[str], int] | None:
-    """``torchrun [OPTIONS] train.py ARGS`` (or ``python -m torch.distributed.run ...``) as ``(python command,
-    nproc_per_node)``; None when ``command`` is not a torchrun command.
-
-    torchrun's own parser reads the options. Only one node is supported here (``torchrepro run`` takes several:
-    :func:`parse_torchrun`); rendezvous and logging options are replaced (each run gets ``--standalone``);
-    options that change what runs (``--nnodes`` > 1, restarts, ``--no-python``) are refused.
-
-    >>> parse_torchrun_command(["torchrun", "--nproc-per-node", "2", "train.py", "--lr", "0.1"])
-    (['python', 'train.py', '--lr', '0.1'], 2)
-    """
-    spec = parse_torchrun(command)
-    if spec is None:
-        return None
-    if spec.nnodes > 1:
-        raise CommandError(f"this command runs torchrun commands on one machine; remove --nnodes {spec.nnodes} from "
-                           f"`{' '.join(command)}`, or record each node with `torchrepro run --record DIR -- "
-                           f"{' '.join(command)}` and compare two such runs with `torchrepro diff` (see "
-                           "docs/distributed.md).")
-    return spec.python_command, spec.nproc_per_node
-
-
-def parse_torchrun(command: list[str]) -> TorchrunSpec | None:
-    """A torchrun command as a :class:`TorchrunSpec` (None when ``command`` is not one); ``--nnodes N`` (a fixed
-    number) with its rendezvous options is kept for a run on several nodes.
-
-    >>> spec = parse_torchrun(["torchrun", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1",
-    ...                        "--master-port", "29500", "--nproc-per-node", "4", "train.py"])
-    >>> spec.nnodes, spec.node_rank, spec.rendezvous
-    (2, 1, ('--nnodes=2', '--node-rank=1', '--master-addr=10.0.0.1', '--master-port=29500'))
-    """
-    words = list(command)
-    interpreter = "python"
-    if words and Path(words[0]).name in _TORCHRUN_NAMES:
-        rest = words[1:]
-    elif len(words) >= 3 and is_interpreter(words[0]) and words[1] == "-m" and words[2] in _TORCHRUN_MODULES:
-        interpreter, rest = words[0], words[3:]
-    else:
-        return None
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) as err:
-            args = parser.parse_args(rest)
-    except SystemExit:
-        raise CommandError(f"cannot read the torchrun command `{' '.join(command)}`: "
-                           f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else 'bad options'}"
-                           ".") from None
-    defaults = vars(parser.parse_args([args.training_script]))
-    nnodes = _nnodes(args.nnodes, command)
-    refused = {k: v for k, v in _TORCHRUN_REFUSED.items() if nnodes == 1 or k not in ("nnodes", "node_rank")}
-    for name, allowed in refused.items():
-        if getattr(args, name) not in allowed and getattr(args, name) != defaults[name]:
-            raise CommandError(f"torchrepro runs torchrun commands without restarts, with Python scripts; remove "
-                               f"--{name.replace('_', '-')} {getattr(args, name)} from `{' '.join(command)}`.")
-    if nnodes > 1 and args.standalone:
-        raise CommandError(f"--standalone starts a rendezvous on this machine only, so it cannot join {nnodes} "
-                           f"nodes; remove it from `{' '.join(command)}` and give --rdzv-endpoint (or --master-addr "
-                           "and --master-port).")
-    try:
-        nproc = int(args.nproc_per_node)
-    except ValueError:
-        raise CommandError(f"torchrun's --nproc-per-node {args.nproc_per_node} is not a number; torchrepro needs the "
-                           "number of ranks, e.g. --nproc-per-node 2.") from None
-    if nproc < 1:
-        raise CommandError(f"torchrun's --nproc-per-node must be at least 1, got {nproc}.")
-    script = ["-m", args.training_script] if args.module else [args.training_script]
-    rendezvous = tuple(f"--{n.replace('_', '-')}={getattr(args, n)}" for n in _RENDEZVOUS
-                       if getattr(args, n) != defaults[n] or n == "nnodes") if nnodes > 1 else ()
-    return TorchrunSpec([interpreter, *script, *args.training_script_args], nproc, nnodes, int(args.node_rank),
-                        rendezvous, static=args.rdzv_backend == "static")
-
-
-def _nnodes(value: str, command: list[str]) -> int:
-    """torchrun's ``--nnodes`` as a fixed number of nodes (an elastic range MIN:MAX is refused)."""
-    low, _, high = str(value).partition(":")
-    try:
-        n, top = int(low), int(high or low)
-    except ValueError:
-        n, top = 0, -1
-    if n < 1 or n != top:
-        raise CommandError(f"torchrun's --nnodes {value} in `{' '.join(command)}`: torchrepro needs a fixed number of "
-                           "nodes (e.g. --nnodes 2), so that every run has the same ranks to compare.")
-    return n
-
-
-def ranks_command(command: list[str], nproc_per_node: int | None) -> tuple[list[str], int | None]:
-    """The Python command to record and its number of ranks: a torchrun command is unwrapped (its
-    ``--nproc-per-node`` must agree with ``nproc_per_node`` when both are given); others pass through."""
-    parsed = parse_torchrun_command(command)
-    if parsed is None:
-        return command, nproc_per_node
-    python_command, n = parsed
-    if nproc_per_node is not None and nproc_per_node != n:
-        raise CommandError(f"--nproc-per-node {nproc_per_node} disagrees with the torchrun command's --nproc-per-node "
-                           f"{n}; give the number of ranks once.")
-    return python_command, n
 
 
 @dataclass
@@ -322,14 +217,14 @@ class RunResult:
     manifest: dict[str, Any] | None
 
 
-def child_env(opts: LaunchOptions) -> dict[str, str]:
-    """The child's environment: PYTHONHASHSEED fixed, seed and cuBLAS config set before user code runs.
+def child_env(opts: LaunchOptions, launcher_env: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    """The child's environment: PYTHONHASHSEED fixed, seed and cuBLAS config set before user code runs; over this
+    process's, what the user's launcher sets (``launcher_env``: ``Target.env``).
 
     PYTHONHASHSEED is always set (to the seed, or 0): a value the user exported (``random``, say) would make
     set and dict-of-str order differ from run to run, so it is overridden, and :func:`launch` says so.
     """
-    env = dict(os.environ)
-    env.update(opts.extra_env)
+    env = {**os.environ, **dict(launcher_env), **opts.extra_env}
     env["PYTHONHASHSEED"] = hash_seed(opts)
     if opts.seed is not None:
         env["TORCHREPRO_SEED"] = str(opts.seed)
@@ -467,10 +362,12 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
 
 def _spawn(target: Target, opts: LaunchOptions, stdout: IO[Any] | None, stderr: IO[Any] | None,
            pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    if target.launcher and not opts.nproc_per_node:
+        raise several_processes_error(target.launcher)
     try:
         cmd = (torchrun_command(target, opts.nproc_per_node, opts.rendezvous) if opts.nproc_per_node
                else target.child_command())
-        return subprocess.Popen(cmd, env=child_env(opts), stdout=stdout, stderr=stderr, cwd=opts.cwd,
+        return subprocess.Popen(cmd, env=child_env(opts, target.env), stdout=stdout, stderr=stderr, cwd=opts.cwd,
                                 pass_fds=pass_fds)
     except OSError as exc:
         raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
@@ -894,16 +791,16 @@ def _die_with_parent(parent: int | None) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _torchrun_main(args: list[str]) -> int:
-    """Run ``torch.distributed.run ARGS`` in this process, which dies with the torchrepro parent.
+def _torchrun_main(args: list[str], kind: str = TORCHRUN_KIND) -> int:
+    """Run ``torch.distributed.run ARGS`` (or accelerate's launch: ``launchers.run_launcher``) in this process, which
+    dies with the torchrepro parent.
 
     Linux: torchrun gets SIGTERM when torchrepro dies (even by SIGKILL) and stops its ranks; each rank, in a
     session of its own, gets SIGTERM when torchrun dies (:func:`_die_with_parent`, given torchrun's pid here).
     """
     _die_with_parent(_parent_pid())
     os.environ[PARENT_ENV] = str(os.getpid())
-    sys.argv = ["torchrun", *args]
-    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+    run_launcher(kind, args)
     return 0
 
 
@@ -1159,4 +1056,4 @@ def freeze_heap() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_torchrun_main(sys.argv[2:]) if sys.argv[1:2] == [TORCHRUN_KIND] else _child_main(sys.argv[1:]))
+    sys.exit(_torchrun_main(sys.argv[2:], sys.argv[1]) if sys.argv[1] in LAUNCHER_KINDS else _child_main(sys.argv[1:]))
