@@ -569,3 +569,146 @@ def test_no_traced_op_at_all_says_where_the_tracer_cannot_see():
     assert fix.startswith("No operation was traced in either re-run: the training ran where the tracer cannot "
                           "see it.") and "intermittent" not in fix
     assert "race" in LocateResult("not-reproduced", ops_traced=(5, 5), traced_steps=[1]).fix
+
+
+# --- memory no op wrote (issue 37): never the origin; ops of an optimizer's closure are forward/backward ---------
+def test_memory_no_op_wrote_is_never_the_origin_and_a_closures_draw_is_forward(tmp_path):
+    """Lightning's logging deepcopies a tensor (``set_`` of a fresh storage): ``aten.set_`` was named, "inputs
+    identical; outputs differ", before the real draw, and the draw, run in ``optimizer.step(closure)``, was
+    labelled ``optimizer``."""
+    script = SCRIPTS / "uninit_buffers.py"
+    rc, doc, err = locate(tmp_path, script)
+    assert rc == 1, err
+    loc = doc["locate"]
+    assert loc["verdict"] == "rng", loc
+    assert loc["op"]["op"] == "aten.bernoulli_" and loc["op"]["line"] == _line_of(script, "MASK-LINE")
+    assert loc["op"]["phase"] == "forward"
+    # the traces do hold a set_ with identical inputs and different outputs before the draw: what was named
+    from torchrepro.record.optrace import read_ops
+
+    runs = [list(read_ops(tmp_path / "out" / "locate" / run / "ops.jsonl")) for run in ("run1", "run2")]
+    set_ops = [(a, b) for a, b in zip(*runs) if a["op"] == "aten.set_" and a["i"] < loc["op"]["i"]]
+    assert any(a["in"] == b["in"] and a["out"] != b["out"] for a, b in set_ops)
+
+
+def test_outputs_of_memory_no_op_wrote_are_unknown_until_overwritten():
+    """A ``set_`` of a fresh storage (Tensor.__deepcopy__) gives different bytes in each run: not the origin, and
+    the ``copy_`` that overwrites them, its source identical, matches."""
+    a = _ops(("aten.empty", "", 1, [], ["uninitialized"]), ("aten.set_", "", 1, ["uninitialized"], ["junk1"]),
+             ("aten.copy_", "", 1, ["junk1", "src"], ["src2"]), ("aten.mul", "", 2, ["src2"], ["m"]),
+             ("aten.rand", "", 3, [], ["r1"], True), ("aten.add", "", 4, ["m", "r1"], ["s1"]))
+    b = _ops(("aten.empty", "", 1, [], ["uninitialized"]), ("aten.set_", "", 1, ["uninitialized"], ["junk2"]),
+             ("aten.copy_", "", 1, ["junk2", "src"], ["src2"]), ("aten.mul", "", 2, ["src2"], ["m"]),
+             ("aten.rand", "", 3, [], ["r2"], True), ("aten.add", "", 4, ["m", "r2"], ["s2"]))
+    res = locate_ops(a, b)
+    assert res.verdict == "rng" and res.op_a["op"] == "aten.rand"
+    for op in ("aten.new_empty", "aten.resize_", "aten.empty_strided", "aten.as_strided"):  # the same for these
+        a[1]["op"] = b[1]["op"] = op
+        a[1]["in"] = b[1]["in"] = ["shape-of-this"]  # read, and identical: still not the origin
+        assert locate_ops(a, b).op_a["op"] == "aten.rand", op
+    # a copy_ whose source differs still differs: overwriting unknown memory hides nothing else
+    b[2]["in"] = ["junk2", "other"]
+    res = locate_ops(a, b)
+    assert res.verdict == "external-input" and res.op_a["op"] == "aten.copy_"
+
+
+def test_reading_memory_no_op_wrote_hides_no_later_origin_and_is_named_only_when_nothing_else_differs():
+    read = ("aten.sum", "", 5, ["uninitialized"])  # torch.empty(3).sum(): different garbage in each run
+    a = _ops(("aten.empty", "", 4, [], ["uninitialized"]), (*read, ["g1"]), ("aten.mul", "", 6, ["g1"], ["h1"]))
+    b = _ops(("aten.empty", "", 4, [], ["uninitialized"]), (*read, ["g2"]), ("aten.mul", "", 6, ["g2"], ["h2"]))
+    later = ("aten.index_put_", "", 9, ["z", "i", "v"])
+    res = locate_ops(a + _ops((*later, ["x"])), b + _ops((*later, ["y"])))
+    assert res.verdict == "origin" and res.op_a["op"] == "aten.index_put_"
+    res = locate_ops(a, b)  # nothing else differs: the read of uninitialized memory it is
+    assert res.verdict == "external-input" and res.op_a["op"] == "aten.sum" and res.op_a["line"] == 5
+    assert res.fix.startswith("aten.sum (f.py:5) reads memory that nothing wrote") and "torch.zeros" in res.fix
+    # a storage with different bytes in each run (torch.load of another file), read later: set_ is named
+    a = _ops(("aten.set_", "", 2, ["uninitialized"], ["d1"]), ("aten.mul", "", 3, ["d1"], ["e1"]))
+    b = _ops(("aten.set_", "", 2, ["uninitialized"], ["d2"]), ("aten.mul", "", 3, ["d2"], ["e2"]))
+    res = locate_ops(a, b)
+    assert res.verdict == "external-input" and res.op_a["op"] == "aten.set_"
+    assert res.fix.startswith("The memory that aten.set_ (f.py:2) gives a tensor, without writing it, differs")
+    # written over before anything reads it: nothing to name
+    a[1], b[1] = _ops(("aten.copy_", "", 3, ["d1", "s"], ["s"]), ("aten.copy_", "", 3, ["d2", "s"], ["s"]))
+    assert locate_ops(a, b).verdict == "not-reproduced"
+
+
+def test_the_tracer_keeps_memory_a_resize_adds_uninitialized_and_out_arguments_overwritten():
+    from torchrepro.record.optrace import OVERWRITTEN, UNINITIALIZED
+
+    with torchrepro.trace_ops() as trace:
+        grown = torch.ones(4)
+        grown.resize_(1000)  # 996 floats of whatever was there
+        grown + 1
+        kept = torch.ones(4)
+        kept.resize_(2)  # its first two ones, nothing added
+        kept + 1
+        out = torch.empty(4)
+        torch.add(torch.ones(4), 1, out=out)  # writes out without reading it
+        read = torch.empty(3)
+        torch.add(read, 1, out=read)  # reads what it writes
+    adds = _only(trace, "aten.add")
+    assert adds[0]["in"] == [UNINITIALIZED]
+    assert adds[1]["in"] == [torchrepro.fingerprint(torch.ones(2))]
+    assert adds[2]["in"] == [torchrepro.fingerprint(torch.ones(4)), OVERWRITTEN]
+    assert adds[3]["in"] == [UNINITIALIZED, UNINITIALIZED]
+
+
+def _only(trace, name):
+    return [op for op in trace.ops if op["op"] == name]
+
+
+def test_ops_of_the_closure_an_optimizer_step_runs_are_forward_and_backward():
+    """Lightning runs training_step in optimizer.step(closure): its ops were all labelled `optimizer`."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.rand(2, 4)).sum()  # CLOSURE-LINE
+        loss.backward()
+        return loss
+
+    with torchrepro.trace_ops(model) as trace:
+        opt.step(closure)
+        opt.step(closure=closure)
+    for i in (0, 1):
+        draws = [op for op in trace.ops if op["op"] == "aten.rand"]
+        assert draws[i]["phase"] == "forward" and draws[i]["line"] == _line_of(Path(__file__), "CLOSURE-LINE")
+    assert {op["phase"] for op in trace.ops if op["op"] == "aten.addmm"} == {"forward"}
+    assert {op["phase"] for op in trace.ops if op["op"] == "aten.mm"} == {"backward"}
+    updates = [op for op in trace.ops if op["op"] in ("aten.add_", "aten.mul_")]
+    assert updates and {op["phase"] for op in updates} == {"optimizer"}  # the step's own update, after the closure
+    assert trace._context.in_optimizer == 0
+
+
+def test_a_lightning_training_step_is_forward_and_backward_not_optimizer(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            self.log("size", float(len(batch[0])))
+            keep = torch.rand(batch[0].shape) > 0.1  # LIGHTNING-DRAW
+            return ((self.fc(batch[0] * keep) - batch[1]) ** 2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         default_root_dir=tmp_path)
+    model = Net()
+    with torchrepro.trace_ops(model) as trace:
+        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+    draw = [op for op in trace.ops if op["op"] == "aten.rand"]
+    assert len(draw) == 1 and draw[0]["phase"] == "forward"
+    assert draw[0]["line"] == _line_of(Path(__file__), "LIGHTNING-DRAW")
+    assert {op["phase"] for op in trace.ops if op["op"] == "aten.addmm"} == {"forward"}
+    assert "backward" in {op["phase"] for op in trace.ops if op["module"] == "fc"}
+    assert any(op["phase"] == "optimizer" for op in trace.ops)  # SGD's own update

@@ -74,8 +74,9 @@ class ModuleContext:
             if self.stack:
                 self.stack.pop()
 
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+        def opt_pre(opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
             self.in_optimizer += 1
+            return self._closure_outside(args, kwargs)
 
         def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
             self.in_optimizer = max(0, self.in_optimizer - 1)
@@ -85,6 +86,29 @@ class ModuleContext:
                          mm.register_module_forward_hook(post, always_call=True),  # pops after an exception too
                          register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
         return self
+
+    def _closure_outside(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``optimizer.step(closure)``'s arguments with the closure run outside the optimizer step: the forward
+        and backward it runs (Lightning's ``training_step`` runs there) are not the optimizer's update. None
+        when there is no closure. ``args`` starts with the optimizer itself (torch's step wrapper passes it)."""
+        if kwargs.get("closure") is not None:
+            closure = kwargs["closure"]
+            if not callable(closure):
+                return None
+            return args, {**kwargs, "closure": self._outside(closure)}
+        if len(args) > 1 and args[1] is not None and callable(args[1]):
+            return (args[0], self._outside(args[1]), *args[2:]), kwargs
+        return None
+
+    def _outside(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        def outside_optimizer(*a: Any, **kw: Any) -> Any:
+            saved, self.in_optimizer = self.in_optimizer, 0
+            try:
+                return closure(*a, **kw)
+            finally:
+                self.in_optimizer = saved
+
+        return outside_optimizer
 
     def remove(self) -> None:
         for h in self._handles:

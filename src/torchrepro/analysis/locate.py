@@ -13,6 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control.registry import nondeterministic_ops
+from ..record.optrace import EMPTY_OPS, RESIZE_OPS, UNINITIALIZED
+
+# Ops that write none of the memory their output holds: what it holds was there before (fresh memory, a storage
+# handed to ``set_``, the part a ``resize_`` adds, bytes ``as_strided`` reaches past its input). When their
+# outputs differ while their inputs match, the difference is not theirs: those outputs are unknown in both runs
+# (see locate_ops) until an op overwrites them.
+_NO_WRITE_OPS = EMPTY_OPS | RESIZE_OPS | {"aten.set_", "aten._resize_output_", "aten.as_strided",
+                                          "aten.as_strided_"}
+# Ops whose first argument gives only its shape, dtype and device, or is overwritten without being read.
+_FIRST_NOT_READ = frozenset({
+    "aten.copy_", "aten.fill_", "aten.zero_", "aten.set_",
+    "aten.empty_like", "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.rand_like", "aten.randn_like",
+    "aten.randint_like", "aten.new_empty", "aten.new_empty_strided", "aten.new_zeros", "aten.new_ones",
+    "aten.new_full",
+})
 
 # What torch.use_deterministic_algorithms(True) does for ops known to be nondeterministic, per device, taken
 # from the op list in PyTorch's documentation of that function. "deterministic": a deterministic kernel is
@@ -156,6 +171,15 @@ class LocateResult:
         if self.verdict == "control-flow":
             return ("The two runs executed different operations: find what the branch or loop bound at these "
                     "lines depends on (an unseeded draw, time, the environment) and make it deterministic.")
+        if self.verdict == "external-input" and self.op_a and UNINITIALIZED in _read(self.op_a):
+            return (f"{op}{where} reads memory that nothing wrote (from torch.empty, new_empty, resize_ and the "
+                    "like), whose bytes differ from run to run: create it with torch.zeros (or write all of it) "
+                    "before reading it.")
+        if self.verdict == "external-input" and self.op_a and op in _NO_WRITE_OPS:
+            return (f"The memory that {op}{where} gives a tensor, without writing it, differs between runs: it "
+                    "holds bytes that no traced operation wrote (a storage read from a file or made outside "
+                    "torch, or memory never initialised), and later operations read them. Find where that memory "
+                    "is filled, and fill it the same way in every run.")
         if self.verdict == "external-input":
             return (f"A tensor entering {op}{where} differs but was not produced by a traced torch operation: it "
                     "comes from NumPy/Python randomness, data loading in worker processes, or I/O. Seed those "
@@ -188,11 +212,38 @@ def _where(op: dict[str, Any] | None) -> str:
     return f"{op['file']}:{op['line']}"
 
 
+def _read(op: dict[str, Any]) -> list[str]:
+    """The fingerprints of the inputs whose values the op reads: not a first argument it only overwrites (an
+    in-place random fill, ``copy_``, ``fill_``, ``set_``) or takes the shape of (``empty_like``, ``new_zeros``)."""
+    ins: list[str] = op["in"]
+    if op["op"] in _FIRST_NOT_READ or (op.get("rng") and op["op"].endswith("_")):
+        return ins[1:]
+    return ins
+
+
 def _inputs_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    ia, ib = a["in"], b["in"]
-    if a.get("rng") and a["op"].endswith("_"):  # in-place random fill: the old value of self does not matter
-        ia, ib = ia[1:], ib[1:]
-    return ia == ib
+    return _read(a) == _read(b)
+
+
+def _compare_inputs(a: dict[str, Any], b: dict[str, Any], unknown_a: dict[str, int],
+                    unknown_b: dict[str, int]) -> tuple[bool, list[int]]:
+    """Whether the inputs the two ops read match, and for each input of unknown value (uninitialized memory in
+    both runs, or memory no traced op wrote, per run: ``unknown_*``), the row its unknown value comes from (-1:
+    this op's own read of uninitialized memory)."""
+    ia, ib = _read(a), _read(b)
+    if len(ia) != len(ib):
+        return False, []
+    sources: list[int] = []
+    for x, y in zip(ia, ib):
+        if x == y:
+            if x == UNINITIALIZED:  # no fingerprint at all: the bytes may differ
+                sources.append(-1)
+            continue
+        if x in unknown_a and y in unknown_b:
+            sources.append(min(unknown_a[x], unknown_b[y]))
+            continue
+        return False, sources
+    return True, sources
 
 
 Row = tuple[int | None, int | None]  # (index in run A's ops, index in run B's ops); None: the op is not in that run
@@ -296,6 +347,11 @@ def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, devi
     first_unpaired: int | None = None
     unpaired_outputs: dict[str, int] = {}  # fingerprint -> row of the unpaired op that produced it
     first_unpaired_writer: int | None = None
+    # Values no traced op wrote (memory an op handed out without writing it, and what was computed from it), per
+    # run: fingerprint -> the row the unknown memory comes from. Never an origin; named only if nothing else is.
+    unknown_a: dict[str, int] = {}
+    unknown_b: dict[str, int] = {}
+    unknown_read: int | None = None  # the first row whose unknown memory a later op read, with a differing result
     for r, (ia, ib) in enumerate(rows):
         if ia is None or ib is None:
             op = ops_a[ia] if ia is not None else ops_b[ib]  # type: ignore[index]
@@ -306,8 +362,18 @@ def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, devi
                 unpaired_outputs.setdefault(fp, r)
             continue
         a, b = ops_a[ia], ops_b[ib]
-        same_in, same_out = _inputs_equal(a, b), a["out"] == b["out"]
+        same_in, sources = _compare_inputs(a, b, unknown_a, unknown_b)
+        same_out = a["out"] == b["out"]
         if same_in and same_out:
+            continue
+        if same_in and (sources or a["op"] in _NO_WRITE_OPS):  # the outputs hold memory no traced op wrote
+            source = min((r if k < 0 else k for k in sources), default=r)
+            if sources:
+                unknown_read = source if unknown_read is None else min(unknown_read, source)
+            for x, y in zip(a["out"], b["out"]):
+                if x != y:
+                    unknown_a.setdefault(x, source)
+                    unknown_b.setdefault(y, source)
             continue
         if not same_in:
             differing = [fp for fp in a["in"] + b["in"] if fp not in set(a["in"]) & set(b["in"])]
@@ -320,6 +386,10 @@ def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, devi
         if a.get("rng") and first_unpaired_writer is not None:  # an extra draw shifted the generator
             return control_flow(first_unpaired_writer)
         return result("rng" if a.get("rng") else "origin", r, a, b)
+    if unknown_read is not None:  # nothing but memory no traced op wrote differs, and something read it
+        ua, ub = rows[unknown_read]
+        return result("external-input", unknown_read, ops_a[ua] if ua is not None else None,
+                      ops_b[ub] if ub is not None else None)
     if first_unpaired is not None:
         return control_flow(first_unpaired)
     return LocateResult("not-reproduced", **base)

@@ -58,8 +58,12 @@ RNG_OPS = frozenset({
 })
 # Ops whose outputs are uninitialized memory: their bytes mean nothing until something writes them.
 EMPTY_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
-                       "aten.new_empty_strided", "aten.empty_permuted", "aten.resize_"})
+                       "aten.new_empty_strided", "aten.empty_permuted"})
+# Ops that resize their first argument in place: uninitialized when its storage grew (or it was before).
+RESIZE_OPS = frozenset({"aten.resize_", "aten.resize_as_"})
 UNINITIALIZED = "uninitialized"
+# The input fingerprint of an ``out=`` argument that was uninitialized: the op writes it without reading it.
+OVERWRITTEN = "overwritten"
 _SKIP_OPS = frozenset({"aten.detach", "aten.alias", "prim.device", "aten.sym_size", "aten.sym_stride",
                        "aten.sym_numel", "aten.sym_storage_offset", "aten.is_same_size"})
 
@@ -332,10 +336,19 @@ class _FpCache:
             return False
         return True
 
-    def mark_uninitialized(self, tensors: list[torch.Tensor]) -> list[str]:
-        """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them."""
+    def mark_uninitialized(self, tensors: list[torch.Tensor], *, inplace: bool = False) -> list[str]:
+        """Give fresh ``torch.empty`` outputs a fixed fingerprint until something writes to them; ``inplace``: the
+        outputs of an in-place op (``resize_``), whose version is bumped after it returns (cached on the next op,
+        as :meth:`outputs` does)."""
         for t in tensors:
-            if self._put(t, UNINITIALIZED):
+            if inplace:
+                try:
+                    key = self._key(t)
+                except Exception:  # no data pointer: the checked path says why when it is read
+                    continue
+                self._pending.append((t, UNINITIALIZED))
+                self._uninitialized.add(key)
+            elif self._put(t, UNINITIALIZED):
                 self._uninitialized.add(self._key(t))
         return [UNINITIALIZED] * len(tensors)
 
@@ -381,18 +394,43 @@ def _fps_json(fps: list[str]) -> str:
         return f'["{text}"]'
     return _encode(fps)  # type: ignore[no-any-return]
 
-# What the dispatch handler needs to know about an op, looked up once per OpOverload: its name and kind.
-_PLAIN, _SKIP, _EMPTY, _RNG = 0, 1, 2, 3
-_OP_INFO: dict[Any, tuple[str, int]] = {}
+# What the dispatch handler needs to know about an op, looked up once per OpOverload: its name, its kind and
+# the names of its ``out=`` arguments (keyword-only: they come in kwargs).
+_PLAIN, _SKIP, _EMPTY, _RNG, _RESIZE = 0, 1, 2, 3, 4
+_OP_INFO: dict[Any, tuple[str, int, tuple[str, ...]]] = {}
 _Tensor = torch.Tensor
 
 
-def _op_info(func: Any) -> tuple[str, int]:
+def _op_info(func: Any) -> tuple[str, int, tuple[str, ...]]:
     name = str(func.overloadpacket)
     kind = (_SKIP if name in _SKIP_OPS or name.startswith("profiler.") else _EMPTY if name in EMPTY_OPS
-            else _RNG if name in RNG_OPS else _PLAIN)
-    info = _OP_INFO[func] = (name, kind)
+            else _RESIZE if name in RESIZE_OPS else _RNG if name in RNG_OPS else _PLAIN)
+    try:
+        outs = tuple(a.name for a in func._schema.arguments if a.is_out)
+    except (AttributeError, RuntimeError):  # not an OpOverload with a schema
+        outs = ()
+    info = _OP_INFO[func] = (name, kind, outs)
     return info
+
+
+def _overwritten(in_fps: list[str], ins: list[torch.Tensor], kwargs: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Mark the uninitialized ``out=`` arguments among ``ins`` as :data:`OVERWRITTEN` in ``in_fps``: the op writes
+    them without reading them (one also passed as an input is read: it keeps its mark)."""
+    outs: list[torch.Tensor] = []
+    for n in names:
+        if n in kwargs:
+            _tensors(kwargs[n], outs)
+    for i, fp in enumerate(in_fps):
+        if fp == UNINITIALIZED and any(ins[i] is o for o in outs) and sum(t is ins[i] for t in ins) == 1:
+            in_fps[i] = OVERWRITTEN
+
+
+def _storage_bytes(t: torch.Tensor) -> int:
+    """The size of ``t``'s storage in bytes, -1 when it has none that can be asked."""
+    try:
+        return int(t.untyped_storage().nbytes())
+    except Exception:  # a tensor subclass or layout without storage
+        return -1
 
 
 def _arg_tensors(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> list[torch.Tensor]:
@@ -446,12 +484,19 @@ class _Dispatch(TorchDispatchMode):
         ins = _arg_tensors(args, kwargs)
         in_fps = fps.inputs(ins) if ins else []
         fps.last = []  # used up: an op that fails half-way through leaves nothing to trust
+        if kwargs and info[2] and UNINITIALIZED in in_fps:
+            _overwritten(in_fps, ins, kwargs, info[2])
         values = tr.values
         if values is not None:  # inputs before the op runs (an in-place op overwrites them)
             values.keep(ins, in_fps)
+        if kind == _RESIZE:  # the bytes it adds are uninitialized; the ones it keeps are as they were
+            before = _storage_bytes(ins[0]) if ins and in_fps[0] != UNINITIALIZED else -1
         out = func(*args, **kwargs) if kwargs else func(*args)
         outs = [out] if type(out) is _Tensor else _tensors(out, [])
-        if kind == _EMPTY:
+        if kind == _RESIZE and (before < 0 or any(_storage_bytes(t) != before for t in outs)):
+            out_fps = fps.mark_uninitialized(outs, inplace=True)
+            kind = _EMPTY
+        elif kind == _EMPTY:
             out_fps = fps.mark_uninitialized(outs)
         elif outs:
             out_fps = fps.outputs(outs)  # the small ones become fps.last
