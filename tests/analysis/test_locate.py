@@ -712,3 +712,44 @@ def test_a_lightning_training_step_is_forward_and_backward_not_optimizer(tmp_pat
     assert {op["phase"] for op in trace.ops if op["op"] == "aten.addmm"} == {"forward"}
     assert "backward" in {op["phase"] for op in trace.ops if op["module"] == "fc"}
     assert any(op["phase"] == "optimizer" for op in trace.ops)  # SGD's own update
+
+
+NOISY = """
+import os, torch
+torch.manual_seed(0)
+noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc(x + torch.rand(x.shape, generator=noise))  # NOISE-LINE
+
+
+model = Noisy()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
+    (model(torch.ones(8, 4)) ** 2).mean().backward()
+    opt.step()
+"""
+
+
+def test_locate_with_fresh_cwd_names_the_users_file_not_the_copies(tmp_path):
+    """Each traced re-run runs in its own copy of the working directory: the op sites are named as in the original
+    (they were OUT/locate/run1-cwd/t.py and run2-cwd/t.py, so no op paired and the verdict was control-flow)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "t.py"
+    script.write_text(NOISY)
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--fresh-cwd", "--json", "--out",
+                        str(tmp_path / "out"), "--", "python", str(script)],
+                       capture_output=True, text=True, timeout=600, cwd=work)
+    assert p.returncode == 1, p.stderr
+    loc = json.loads(p.stdout)["locate"]
+    assert loc["verdict"] == "rng", loc
+    assert loc["op"]["op"] == "aten.rand" and loc["op"]["file"] == str(script)
+    assert loc["op"]["line"] == _line_of(script, "NOISE-LINE")

@@ -25,7 +25,14 @@ from ..record.divergence import stop_plan
 from ..record.launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
 from ..record.outdir import check_check_dir, check_run_dir, make_dir, unique_dir
 from ..record.store import Run
-from ..record.workdir import WorkdirWatch, check_copyable, copy_workdir, left_out_text, script_in_copy
+from ..record.workdir import (
+    COPY_OF_ENV,
+    WorkdirWatch,
+    check_copyable,
+    copy_workdir,
+    left_out_text,
+    script_in_copy,
+)
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
     from ..analysis.envdiff import EnvDiff
@@ -181,7 +188,8 @@ class Isolation:
                 print(f"torchrepro: warning: {left_out_text(new, Path.cwd())}", file=sys.stderr, flush=True)
                 self.left_out |= new
             self.copies.append(str(copy.path))
-            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=str(copy.path))
+            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=str(copy.path), extra_env={
+                **opts.extra_env, COPY_OF_ENV: json.dumps([os.path.abspath(copy.path), str(Path.cwd())])})
         if self.watch is not None:
             since = self.watch.start() if i == 1 else self.watch.since_ns
             return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=since)
@@ -198,7 +206,8 @@ class Isolation:
         """The launch options of a second process of the run just prepared (``check --resume-at``'s restart): the
         same copy of the working directory, or the same watch."""
         if self.fresh:
-            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=self.copies[-1])
+            return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=self.copies[-1], extra_env={
+                **opts.extra_env, COPY_OF_ENV: json.dumps([os.path.abspath(self.copies[-1]), str(Path.cwd())])})
         if self.watch is not None:
             self.watch.before_restart()
             return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=self.watch.since_ns)

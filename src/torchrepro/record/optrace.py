@@ -47,6 +47,7 @@ from .._core.modules import ModuleContext, discover_models
 from .._core.ompteam import signals_deferred
 from .._core.readjson import open_regular, read_jsonl
 from .opvalues import OP_VALUES, OpValues
+from .workdir import as_in_original, copy_of_from_env
 
 # Ops that draw random numbers. In-place ones overwrite their first argument, whose old value does not matter.
 RNG_OPS = frozenset({
@@ -69,6 +70,8 @@ _SKIP_OPS = frozenset({"aten.detach", "aten.alias", "prim.device", "aten.sym_siz
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(__file__))  # the torchrepro package, every subpackage
+
+_COPY_OF = copy_of_from_env()  # a run in a copy of the working directory names files as under the original
 
 
 _INTERNAL_FILES: dict[str, bool] = {}  # file name -> whether it belongs to torch/torchrepro/the stdlib plumbing
@@ -691,7 +694,7 @@ class OpTracer:
                in_fps: list[str], out_fps: list[str], generator: str | None) -> dict[str, Any]:
         """One op record as a dict (the ``ops`` entry; its JSON is the line in ops.jsonl)."""
         entry = {"i": i, "step": step, "op": op, "phase": phase, "module": module,
-                 "file": site[0] if site else None, "line": site[1] if site else None,
+                 "file": as_in_original(site[0], _COPY_OF) if site else None, "line": site[1] if site else None,
                  "in": in_fps, "out": out_fps, "rng": op in RNG_OPS}
         if generator is not None:
             entry["generator"] = generator

@@ -292,6 +292,31 @@ def shared_text(shared: list[dict[str, Any]]) -> str:
 
 
 # --- check --fresh-cwd: each run in its own copy of the working directory ---------------------------------------
+COPY_OF_ENV = "TORCHREPRO_CWD_COPY_OF"  # a run in a copy: JSON [copy, original working directory]
+
+
+def as_in_original(path: str, copy_of: tuple[str, str] | None) -> str:
+    """``path`` under a run's copy of the working directory, named as under the original (so that two runs in two
+    copies name the same source file alike); any other path as it is.
+
+    >>> as_in_original("/o/run1-cwd/train.py", ("/o/run1-cwd", "/home/me/project"))
+    '/home/me/project/train.py'
+    """
+    if copy_of is None:
+        return path
+    copy, original = copy_of
+    return original + path[len(copy):] if path == copy or path.startswith(copy + os.sep) else path
+
+
+def copy_of_from_env() -> tuple[str, str] | None:
+    """This process's (copy, original working directory), when check runs it in a copy (``COPY_OF_ENV``)."""
+    try:
+        copy, original = json.loads(os.environ.get(COPY_OF_ENV) or "null") or (None, None)
+    except (ValueError, TypeError):
+        return None
+    return (copy, original) if isinstance(copy, str) and isinstance(original, str) else None
+
+
 COPY_FILES = 10_000
 COPY_BYTES = 256 * 2**20
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
