@@ -40,7 +40,7 @@ def test_options_with_a_value_are_passed_on_with_it(script: Path, options: list[
     assert (target.kind, target.target, target.argv) == ("path", str(script), [str(script), "--lr", "1"])
     assert target.python_flags == flags
     assert target.child_command()[:len(flags) + 3] == [target.interpreter, *flags, "-m",
-                                                        "torchrepro.record.launcher"]
+                                                        "torchrepro.record.child"]
     module = parse_python_command([sys.executable, *options, "-m", "pkg.train"])
     assert (module.kind, module.target, module.python_flags) == ("module", "pkg.train", flags)
 

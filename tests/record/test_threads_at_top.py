@@ -1,5 +1,5 @@
 """A thread count the script exports before its own `import torch` reaches torch under torchrepro as it does in a
-plain run (the launcher imports torch before the script: record.launcher.ThreadEnvAtImport)."""
+plain run (the launcher imports torch before the script: record.child.ThreadEnvAtImport)."""
 
 from __future__ import annotations
 

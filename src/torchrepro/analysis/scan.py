@@ -571,7 +571,7 @@ def child_code() -> str:
 
 def _run_target(kind: str, target: str, args: list[str]) -> None:
     """Run the user's script, module or code as ``__main__`` with its own ``sys.argv``, as the launcher does."""
-    from ..record.launcher import _run_code
+    from ..record.child import _run_code
 
     sys.argv = ["-c" if kind == "code" else target, *args]
     if kind == "code":
