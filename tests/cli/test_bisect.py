@@ -57,12 +57,17 @@ def git(root: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def make_repo(root: Path, history: list[tuple[str, dict[str, str]]] = HISTORY) -> Path:
+def make_repo(root: Path, history: list[tuple[str, dict[str, str | None]]] = HISTORY) -> Path:
+    """A repository whose commits write each file given (None: delete it)."""
     root.mkdir(parents=True)
     git(root, "init", "-q", "-b", "main")
     for message, files in history:
         for name, text in files.items():
-            (root / name).write_text(text)
+            if text is None:
+                (root / name).unlink()
+            else:
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_text(text)
         git(root, "add", "-A")
         git(root, "commit", "-q", "-m", message)
     return root
@@ -359,3 +364,113 @@ def test_a_multi_line_reason_stays_on_its_row():
     assert row == (f"    1  skip  {'b' * 12} 'odd'{' ' * 52}  not comparable with good: - run 2's model differs "
                    + "x" * 47 + "...")
     assert lines[lines.index("Commits (oldest first; - = not tested):") + 3].startswith("    2  BAD ")
+
+
+@pytest.mark.parametrize("how", ["deleted", "renamed"])
+def test_a_script_deleted_or_renamed_before_bad_is_said_so(tmp_path, monkeypatch, capsys, how):
+    """The script exists at good and is deleted (or renamed) by a later commit: bad's error names that commit and
+    what to do. Before the fix: "it was added in a later commit" (checkout at good) or "it is not committed in
+    your checkout" (checkout at bad)."""
+    gone = {"train.py": None} if how == "deleted" else {"train.py": None, "scripts/train.py": BASE}
+    root = make_repo(tmp_path / "r", [*HISTORY[:2], (f"{how} the script", gone), ("notes", {"NOTES.md": "n\n"})])
+    if how == "deleted":
+        git(root, "checkout", "-q", "--detach", "HEAD~3")  # the script is tracked in the checkout
+    monkeypatch.chdir(root)
+    rc, doc = _bisect_json(["--good", "HEAD~3" if how == "renamed" else "HEAD", "--bad", "main", "--no-locate",
+                            "--max-steps", "1", "--", "python", "train.py"], capsys)
+    bad, by = (git(root, "rev-parse", rev).strip()[:12] for rev in ("main", "main~1"))
+    what = "deleted" if how == "deleted" else "renamed to scripts/train.py"
+    assert rc == 2 and doc["error"].startswith(
+        f"the command fails at bad ({bad}): train.py is not in commit {bad} (it was {what} in commit {by} "
+        f"'{how} the script'). Bisect runs the same command at every commit, so the script must be in each: give a "
+        f"bad commit before {by} (`--bad {by}~1`)"), doc["error"]
+    assert "added in a later commit" not in doc["error"] and "not committed in your checkout" not in doc["error"]
+    assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_interpreter_options_with_values_are_accepted(tmp_path):
+    """`python -W ignore /abs/train.py`: -W's value is not the script, and the script is each commit's copy (before
+    the fix: "the command fails at good", python option '-W' is not supported)."""
+    root = make_repo(tmp_path / "r", [("good", {"train.py": BASE}), ("reversed", {"train.py": REVERSED})])
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
+                        "--good", "HEAD~1", "--out", str(tmp_path / "out"), "--", "python", "-W", "ignore",
+                        "-X", "faulthandler", str(root / "train.py")], cwd=root, env=ENV, capture_output=True,
+                       text=True, timeout=600)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
+    assert doc["first_bad_commit"]["subject"] == "reversed"
+
+
+SUBMODULE_TRAIN = BASE.replace("from torch import nn\n", "from torch import nn\n\nimport mylib\n").replace(
+    "loss = ((out - y) ** 2).mean()", "loss = ((out * mylib.SCALE - y) ** 2).mean()")
+
+
+def _repo_with_a_submodule(tmp: Path) -> Path:
+    """good: train.py imports the submodule `mylib` (SCALE = 1.0); then the submodule moves to SCALE = 2.0."""
+    lib = make_repo(tmp / "lib", [("scale 1", {"__init__.py": "SCALE = 1.0\n"})])
+    root = make_repo(tmp / "r", [("train", {"train.py": SUBMODULE_TRAIN})])
+    git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "mylib")
+    git(root, "commit", "-q", "-m", "good")
+    (root / "mylib" / "__init__.py").write_text("SCALE = 2.0\n")
+    git(root / "mylib", "commit", "-q", "-am", "scale 2")
+    git(root, "commit", "-q", "-am", "bump mylib")
+    return root
+
+
+def test_a_submodule_is_named_when_the_worktrees_lack_it(tmp_path, monkeypatch, capsys):
+    """Before the fix the failure was blamed on the script alone: bisect's worktrees leave submodules empty."""
+    root = _repo_with_a_submodule(tmp_path)
+    monkeypatch.chdir(root)
+    rc, doc = _bisect_json(["--good", "HEAD~1", "--no-locate", "--max-steps", "1", "--", "python", "train.py"],
+                           capsys)
+    good = git(root, "rev-parse", "HEAD~1").strip()[:12]
+    assert rc == 2 and doc["error"].startswith(f"the command fails at good ({good}): "), doc["error"]
+    assert doc["error"].endswith(
+        f" Commit {good} has git submodule(s) mylib (from .gitmodules), which bisect's worktrees do not check out "
+        "(they are left empty). If the command needs them, run bisect again with --submodules: each worktree then "
+        "gets them at the commit's recorded revision, copied from your checkout's submodules (no network; run `git "
+        "submodule update --init --recursive` in your checkout first if they are not there)."), doc["error"]
+    assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_submodules_are_checked_out_with_the_option(tmp_path):
+    """--submodules: each worktree gets the submodule at its commit's revision (copied from the checkout's), so
+    the commit that moved the submodule is found; the checkout, the submodule's repository and the worktree lists
+    are left as they were."""
+    root = _repo_with_a_submodule(tmp_path)
+    before = (git(root, "status", "--porcelain"), git(root / "mylib", "rev-parse", "HEAD"),
+              git(root / "mylib", "worktree", "list", "--porcelain"), git(root / "mylib", "status", "--porcelain"))
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
+                        "--submodules", "--good", "HEAD~1", "--out", str(tmp_path / "out"), "--", "python",
+                        "train.py"], cwd=root, env=ENV, capture_output=True, text=True, timeout=600)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
+    assert doc["first_bad_commit"]["subject"] == "bump mylib"
+    assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert (git(root, "status", "--porcelain"), git(root / "mylib", "rev-parse", "HEAD"),
+            git(root / "mylib", "worktree", "list", "--porcelain"), git(root / "mylib", "status", "--porcelain")) \
+        == before
+
+
+def test_worktrees_with_submodules_are_removed_also_when_a_killed_bisect_left_them(tmp_path, monkeypatch):
+    """A worktree's submodule is checked out at the commit's revision; the worktree, its submodule clone included,
+    goes without a trace (git's notes too), by the bisect that made it or by the next one when it was killed; the
+    checkout's submodule is left as it was."""
+    from torchrepro.record import gitrepo
+
+    root = _repo_with_a_submodule(tmp_path)
+    repo = gitrepo.Repo.find(root)
+    good = repo.commit("HEAD~1")
+    with gitrepo.Worktrees(repo, submodules=True) as trees:
+        path = trees.add(good.sha)
+        assert (path / "mylib" / "__init__.py").read_text() == "SCALE = 1.0\n"  # the commit's revision, not HEAD's
+        assert trees.submodules[path] == [gitrepo.Submodule("mylib", "mylib", git(root, "rev-parse", "HEAD~1:mylib")
+                                                            .strip())]
+        trees.remove(path)
+        assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+        trees.add(good.sha)
+        monkeypatch.setattr(gitrepo, "_alive", lambda pid: False)  # as if the bisect that made it was killed
+        assert len(gitrepo.remove_stale(repo)) == 1
+        assert git(root, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert (root / "mylib" / "__init__.py").read_text() == "SCALE = 2.0\n"
+    assert git(root / "mylib", "worktree", "list", "--porcelain").count("worktree ") == 1

@@ -325,3 +325,33 @@ def test_damaged_rng_states_are_a_checkpoint_error(runs: dict[str, dict], root: 
     with pytest.raises(CheckpointError, match=r"holds damaged RNG states \(") as info:
         read_state(path)
     assert "Use another checkpoint" in str(info.value) and "save_rng_state" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero", "dangling", "directory"])
+def test_a_state_file_that_is_not_a_regular_file_is_named_and_never_opened(tmp_path: Path, kind: str) -> None:
+    """A FIFO (opening it would block), a symlink to /dev/zero (reading it would never end), a dangling symlink or
+    a directory where the state file should be: what was found, what was expected, what to do. Before the fix:
+    "has no torchrepro state torchrepro_state_rank0.json (it holds torchrepro_state_rank0.json: saved by another
+    number of processes)"."""
+    directory = tmp_path / "checkpoint-4"
+    directory.mkdir()
+    path = directory / state_file_name(0)
+    found = {"fifo": "is a FIFO (named pipe)",
+             "devzero": "is a symbolic link to /dev/zero, which is a character device",
+             "dangling": f"is a symbolic link to {tmp_path / 'gone'}, which does not exist",
+             "directory": "is a directory"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        path.symlink_to("/dev/zero")
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "gone")
+    else:
+        path.mkdir()
+    with pytest.raises(CheckpointError) as info:
+        ReproducibleCallback()._locate(_args(), SimpleNamespace(global_step=4), str(directory))
+    message = str(info.value)
+    assert message.startswith(f"{path}: {found}, expected a regular file: the JSON state ReproducibleCallback "
+                              "writes into each checkpoint Trainer saves."), message
+    assert "another number of processes" not in message
+    assert "Remove it and resume from a checkpoint saved with ReproducibleCallback" in message

@@ -38,7 +38,8 @@ _NOT_REGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
 )
 
 
-def _kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """How a file that is not a regular one is named in messages, from its ``st_mode``: ``a FIFO (named pipe)``."""
     return next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
 
 
@@ -51,7 +52,7 @@ def check_regular(path: str | Path, *, error: ErrorType = StateFileError, action
     except OSError as exc:
         raise error(path, f"cannot be read ({exc.strerror or exc}).", action) from None
     if not stat.S_ISREG(mode):
-        raise error(path, f"is {_kind_of(mode)}, expected a regular file.", action)
+        raise error(path, f"is {file_kind(mode)}, expected a regular file.", action)
 
 
 @contextlib.contextmanager
@@ -68,7 +69,7 @@ def open_regular(path: str | Path, *, error: ErrorType = StateFileError, action:
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(f.fileno()).st_mode
         if not stat.S_ISREG(mode):
-            raise error(path, f"is {_kind_of(mode)}, expected a regular file.", action)
+            raise error(path, f"is {file_kind(mode)}, expected a regular file.", action)
         try:
             yield f
         except OSError as exc:

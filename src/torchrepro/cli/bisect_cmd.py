@@ -30,8 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from .._core.errors import Interrupted, RunsNotComparableError, ScriptError
-from ..record.gitrepo import Commit, GitError, Repo, Worktrees
-from ..record.launcher import FORWARDED, CommandError, LaunchOptions, is_interpreter, parse_python_command
+from ..record.gitrepo import Commit, GitError, Repo, Submodule, Worktrees
+from ..record.launcher import (
+    FORWARDED,
+    PY_OPTIONS_WITH_VALUE,
+    CommandError,
+    LaunchOptions,
+    is_interpreter,
+    parse_python_command,
+)
 from ..record.outdir import lock_dir
 from ..record.store import Run, load_run
 from ._checkrun import WriteErrors, output_dir
@@ -52,6 +59,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bad", default="HEAD", metavar="REV", help="a later commit whose run differs (default HEAD)")
     add_tolerance_options(p)
     add_run_options(p)
+    p.add_argument("--submodules", action="store_true",
+                   help="check out the git submodules in each commit's worktree, at the revisions the commit records "
+                        "(cloned from your checkout's submodules: no network); without it they are left empty")
     p.add_argument("--no-locate", action="store_true",
                    help="stop at the first bad commit: do not trace it and its parent to name the op and line")
     p.add_argument("--locate-steps", type=positive_int, default=1, metavar="N",
@@ -101,12 +111,29 @@ def in_checkout(argv: list[str], repo: Repo, checkout: Path) -> list[str]:
     if words and is_interpreter(words[0]):
         i = 1
         while i < len(words) and words[i].startswith("-") and words[i] not in ("-m", "-c"):
-            i += 1
+            i += 2 if words[i] in PY_OPTIONS_WITH_VALUE else 1  # `-W ignore`, `-X dev`: the value is not the script
     if i < len(words) and words[i] not in ("-m", "-c") and words[i].endswith(".py"):
         rel = repo.relative(Path(words[i]).absolute())
         if rel is not None:
             words[i] = str(checkout / rel)
     return words
+
+
+class ScriptNotInCommit(CommandError):
+    """A script of the repository that a commit lacks; ``hint``: what to do when that commit is good or bad."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def submodules_note(commit: Commit, subs: list[Submodule]) -> str:
+    """Why a command that needs the submodules fails in bisect's worktrees, and how to include them."""
+    return (f"Commit {commit.short} has git submodule(s) {', '.join(s.path for s in subs)} (from .gitmodules), which "
+            "bisect's worktrees do not check out (they are left empty). If the command needs them, run bisect again "
+            "with --submodules: each worktree then gets them at the commit's recorded revision, copied from your "
+            "checkout's submodules (no network; run `git submodule update --init --recursive` in your checkout "
+            "first if they are not there).")
 
 
 def skip_reason(message: str) -> str:
@@ -147,6 +174,7 @@ class Tested:
     reason: str | None = None  # why skipped (it failed, or its run is not comparable with good's): one line
     error: str | None = None  # a skipped run's whole error (the reason is its first line, shortened)
     problems: list[str] | None = None  # why its run is not comparable with good's (then it is skipped)
+    hint: str | None = None  # what to do, when this commit is good or bad and its run failed
 
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, **self.commit.to_json(), "verdict": self.verdict,
@@ -167,6 +195,7 @@ class Bisection:
     tested: dict[int, Tested] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)  # indices in the order they were run
     runs: dict[int, Run] = field(default_factory=dict)
+    noted_submodules: bool = False  # the note that worktrees lack the submodules was printed
 
     def side(self, index: int, checkout: Path, label: str) -> Side:
         """The command as it runs in ``checkout`` (from the same directory there, its code first on sys.path)."""
@@ -176,15 +205,42 @@ class Bisection:
         return Side(label, " ".join(self.argv), in_checkout(self.argv, self.repo, checkout), {"PYTHONPATH": path},
                     cwd=str(checkout / rel))
 
-    def script_in_commit(self, side: Side, commit: Commit) -> None:
+    def script_in_commit(self, side: Side, commit: Commit, checkout: Path) -> None:
         """Refuse a script of the repository that this commit does not hold (the checkout's path would name a
-        file of a temporary worktree that is gone by the time the error is read)."""
+        file of a temporary worktree that is gone by the time the error is read), saying why: it lies in a
+        submodule left empty, a commit deleted or renamed it, it was added later, or it is not committed."""
         for given, used in zip(self.argv, side.argv):
             if given != used and not Path(used).exists():
-                tracked = self.repo.tracked(Path(given).absolute())
-                state = ("it is not committed in your checkout" if not tracked else "it was added in a later commit")
-                raise CommandError(f"{given} is not in commit {commit.short} ({state}). Commit it, or run a "
-                                   "script from outside the repository.")
+                raise self._missing(given, commit, checkout)
+
+    def _missing(self, given: str, commit: Commit, checkout: Path) -> ScriptNotInCommit:
+        rel = self.repo.relative(Path(given).absolute())
+        subs = [] if self.trees.with_submodules else self.trees.submodules.get(checkout, [])
+        sub = next((s for s in subs if rel is not None and rel.parts[:len(Path(s.path).parts)] == Path(s.path).parts),
+                   None)
+        if sub is not None:
+            return ScriptNotInCommit(f"{given} is not in commit {commit.short}'s worktree (it lies in the git "
+                                     f"submodule {sub.path}, which bisect's worktrees do not check out).",
+                                     "Run bisect again with --submodules to check the submodules out in each worktree "
+                                     "(copied from your checkout's: no network).")
+        removal = self.repo.removal(commit.sha, rel) if rel is not None else None
+        if removal is not None:
+            by, renamed = removal
+            what = f"renamed to {renamed}" if renamed else "deleted"
+            message = (f"{given} is not in commit {commit.short} (it was {what} in commit {by.short} "
+                       f"{by.subject[:60]!r}).")
+            if self.repo.is_ancestor(by.sha, self.chain[0].sha):
+                return ScriptNotInCommit(message, "Bisect runs the same command at every commit, so the script must "
+                                         "be in each: give a good commit that has it, or run a copy of the script "
+                                         "kept outside the repository.")
+            after = (f", or bisect the commits from {by.short} on (`--good {by.short}`) with the script's new path, "
+                     f"{renamed}") if renamed else ", or run a copy of the script kept outside the repository"
+            return ScriptNotInCommit(message, "Bisect runs the same command at every commit, so the script must be "
+                                     f"in each: give a bad commit before {by.short} (`--bad {by.short}~1`){after}.")
+        tracked = self.repo.tracked(Path(given).absolute())
+        state = ("it is not committed in your checkout" if not tracked else "it was added in a later commit")
+        return ScriptNotInCommit(f"{given} is not in commit {commit.short} ({state}). Commit it, or run a script "
+                                 "from outside the repository.")
 
     def record(self, index: int) -> Tested:
         """Run the command at ``chain[index]`` (once: recordings are reused)."""
@@ -195,14 +251,22 @@ class Bisection:
         self.order.append(index)
         print(f"torchrepro: bisect: running at {commit.short} {commit.subject[:60]!r}", file=sys.stderr, flush=True)
         checkout = self.trees.add(commit.sha)
+        empty = [] if self.trees.with_submodules else self.trees.submodules.get(checkout, [])
+        if empty and not self.noted_submodules:
+            self.noted_submodules = True
+            print(f"torchrepro: bisect: note: {submodules_note(commit, empty)}", file=sys.stderr, flush=True)
         try:
             side = self.side(index, checkout, commit.short)
-            self.script_in_commit(side, commit)
+            self.script_in_commit(side, commit, checkout)
             parse_python_command(side.argv)
             entry.run = record_side(side, self.out / f"c-{commit.short}", self.opts, quiet=True)
             self.runs[index] = load_run(entry.run)
         except (ScriptError, CommandError) as exc:
             entry.verdict, entry.reason, entry.error = "skip", skip_reason(str(exc)), str(exc)
+            entry.hint = exc.hint if isinstance(exc, ScriptNotInCommit) else None
+            if empty and entry.hint is None:
+                entry.hint = submodules_note(commit, empty)
+                entry.reason += f" (submodules not checked out: {', '.join(s.path for s in empty)})"
         finally:
             self.trees.remove(checkout)
         return entry
@@ -267,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"torchrepro: bisect: {len(chain) - 1} commit(s) after good {good.short} up to bad {bad.short}; "
           f"comparing each run with good's ({tol.describe()})", file=sys.stderr, flush=True)
     with lock_dir(out), signals_as_interrupts():
-        trees = Worktrees(repo).open()
+        trees = Worktrees(repo, submodules=args.submodules).open()
         try:
             return _bisect(Bisection(repo, trees, chain, list(args.user_command), out, opts, tol), args)
         finally:
@@ -286,8 +350,8 @@ def _bisect(b: Bisection, args: argparse.Namespace) -> int:
 
     n = len(b.chain) - 1
     if b.test(0).verdict == "skip":
-        raise ScriptError(f"the command fails at good ({b.chain[0].short}): {_whole(b.tested[0])} Give a good "
-                          "commit where it runs.")
+        raise ScriptError(f"the command fails at good ({b.chain[0].short}): {_whole(b.tested[0])} "
+                          + (b.tested[0].hint or "Give a good commit where it runs."))
     last = b.test(n)
     if last.verdict == "skip" and last.problems is not None:
         raise RunsNotComparableError([p.replace("this commit", "bad") for p in last.problems], (
@@ -296,8 +360,9 @@ def _bisect(b: Bisection, args: argparse.Namespace) -> int:
             "order and shapes agree). Give a bad commit whose model good's can be compared with. Runs: 1 = "
             f"{b.tested[0].run}, 2 = {last.run}."))
     if last.verdict == "skip":
-        raise ScriptError(f"the command fails at bad ({b.chain[n].short}): {_whole(last)} Give a bad commit where "
-                          "it runs (bisect needs its run to differ from good's).")
+        raise ScriptError(f"the command fails at bad ({b.chain[n].short}): {_whole(last)} "
+                          + (last.hint or "Give a bad commit where it runs (bisect needs its run to differ from "
+                             "good's)."))
     search = Search(n)
     if last.verdict == "good":
         return finish(b, "none-differs", search, None, args)

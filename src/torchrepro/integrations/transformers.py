@@ -35,6 +35,7 @@ import json
 import multiprocessing
 import os
 import random
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,7 @@ from .._core.compat import np
 from .._core.errors import CheckpointError, StateFileError
 from .._core.fingerprint import UnreadableError, fingerprint_object
 from .._core.io import atomic_write_bytes
-from .._core.readjson import check_fields, read_json
+from .._core.readjson import check_fields, file_kind, read_json
 from ..control.rng import RNGState, isolate_rng
 from ..control.seeding import derive_seed, validate_seed
 
@@ -362,6 +363,28 @@ def read_state(path: str | Path) -> SavedState:
                       state["trainer_state"], state["components"], rng, epoch_rng)
 
 
+def _not_a_regular_file(path: Path) -> str | None:
+    """What lies at ``path`` when it is not a regular file (a FIFO, a device, a directory, a link to one of them or
+    to nothing), found with ``lstat``/``stat`` only: it is never opened (a FIFO would block, ``/dev/zero`` would never
+    end). None when it is a regular file (or a link to one) or when nothing is there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be examined ({exc.strerror or exc})"
+    if not stat.S_ISLNK(mode):
+        return None if stat.S_ISREG(mode) else f"is {file_kind(mode)}"
+    link = f"is a symbolic link to {os.readlink(path)}"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return f"{link}, which does not exist"
+    except OSError as exc:
+        return f"{link}, which cannot be examined ({exc.strerror or exc})"
+    return None if stat.S_ISREG(mode) else f"{link}, which is {file_kind(mode)}"
+
+
 def config_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Each setting that differs between a checkpoint's configuration and this run's, as ``name: saved X, now Y``.
 
@@ -547,6 +570,12 @@ class ReproducibleCallback(TrainerCallback):
         else:
             directory = Path(explicit)
         path = directory / name
+        found = _not_a_regular_file(path)
+        if found is not None:
+            raise CheckpointError(path, f"{found}, expected a regular file: the JSON state ReproducibleCallback "
+                                  "writes into each checkpoint Trainer saves.", "Nothing was read from it or restored. "
+                                  "Remove it and resume from a checkpoint saved with ReproducibleCallback (or put back "
+                                  f"the {name} that Trainer saved with this checkpoint).")
         if not path.is_file():
             others = sorted(p.name for p in directory.glob("torchrepro_state_rank*.json"))
             saved_by = (f" (it holds {', '.join(others)}: saved by another number of processes)" if others else

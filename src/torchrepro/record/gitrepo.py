@@ -6,7 +6,9 @@ checked out with ``git worktree add --detach`` into a temporary directory of its
 the index, HEAD, branches or the stash), and removed with ``git worktree remove --force --force`` when done, by
 :class:`Worktrees` on exit, on an error, on Ctrl-C and on SIGTERM/SIGHUP (the caller turns those into exceptions).
 Worktrees a killed bisect left behind (its process gone) are removed by the next one. Hooks never run
-(``core.hooksPath`` is pointed at an empty directory for these commands).
+(``core.hooksPath`` is pointed at an empty directory for these commands). ``git worktree add`` leaves git submodules
+empty: with ``Worktrees(repo, submodules=True)`` each one is cloned (``--shared``, no network) from the user's
+checkout's copy of it and checked out at the revision the commit records, recursively.
 
 Example:
     >>> repo = Repo.find(Path.cwd())                              # doctest: +SKIP
@@ -49,6 +51,15 @@ class Commit:
 
     def to_json(self) -> dict[str, str]:
         return {"sha": self.sha, "subject": self.subject}
+
+
+@dataclass(frozen=True)
+class Submodule:
+    """A git submodule of a commit: its path in the checkout, its name in ``.gitmodules`` and the commit recorded."""
+
+    path: str
+    name: str | None  # None: a gitlink that .gitmodules does not list
+    sha: str
 
 
 @dataclass
@@ -144,6 +155,18 @@ class Repo:
                 new_line += 1
         return files
 
+    def removal(self, sha: str, path: Path) -> tuple[Commit, str | None] | None:
+        """The commit of ``sha``'s history that last changed ``path`` (relative to the root; absent at ``sha``):
+        the one that deleted it, and its new path when that commit renamed it. None when no commit there held it."""
+        out = self.git("log", "-1", "--format=%H%x00%s", sha, "--", f":(literal){path.as_posix()}").strip()
+        if "\0" not in out:
+            return None
+        commit = Commit(*out.split("\0", 1))
+        words = self.git("diff-tree", "-r", "-M", "-z", "--name-status", "--no-commit-id", commit.sha).split("\0")
+        renamed = next((words[i + 2] for i in range(len(words) - 2)
+                        if words[i].startswith("R") and words[i + 1] == path.as_posix()), None)
+        return commit, renamed
+
     def tracked(self, path: Path) -> bool:
         """Whether ``path`` (a file of the working tree) is in the index: committed or staged."""
         rel = self.relative(path)
@@ -174,14 +197,52 @@ def _git(args: list[str], cwd: Path) -> str:
     return p.stdout
 
 
-class Worktrees:
-    """Temporary detached worktrees of one repository, all removed on :meth:`close` (a context manager)."""
+def submodules(checkout: Path) -> list[Submodule]:
+    """The git submodules of the commit checked out in ``checkout``: the gitlinks of its index, named from its
+    ``.gitmodules`` (none without one)."""
+    if not (checkout / ".gitmodules").is_file():
+        return []
+    try:
+        listed = _git(["config", "--file", ".gitmodules", "--null", "--get-regexp", r"^submodule\..*\.path$"],
+                      checkout)
+    except GitError:  # no entry (exit 1) or an unreadable file: the gitlinks are still submodules
+        listed = ""
+    names = {}
+    for entry in listed.split("\0"):
+        key, _, value = entry.partition("\n")
+        if key.startswith("submodule.") and key.endswith(".path") and value:
+            names[value] = key[len("submodule."):-len(".path")]
+    found = []
+    for entry in _git(["ls-files", "--stage", "-z"], checkout).split("\0"):
+        meta, _, path = entry.partition("\t")
+        if meta.startswith("160000 "):
+            found.append(Submodule(path, names.get(path), meta.split()[1]))
+    return found
 
-    def __init__(self, repo: Repo) -> None:
+
+def _git_dir(path: Path) -> Path:
+    """The git directory of ``path``: ``path/.git`` (a directory, or a file naming one), or ``path`` itself."""
+    dot = path / ".git"
+    if dot.is_file():
+        text = dot.read_text(errors="replace").strip()
+        if text.startswith("gitdir:"):
+            named = Path(text[len("gitdir:"):].strip())
+            return named if named.is_absolute() else (path / named).resolve()
+    return dot if dot.is_dir() else path
+
+
+class Worktrees:
+    """Temporary detached worktrees of one repository, all removed on :meth:`close` (a context manager).
+
+    With ``submodules=True`` each worktree's submodules are checked out too (see :meth:`add`)."""
+
+    def __init__(self, repo: Repo, submodules: bool = False) -> None:
         self.repo = repo
         self.dir: Path | None = None
         self.paths: list[Path] = []
         self._no_hooks: Path | None = None
+        self.with_submodules = submodules
+        self.submodules: dict[Path, list[Submodule]] = {}  # each worktree's submodules (checked out or left empty)
 
     def open(self) -> Worktrees:
         """Remove what a killed bisect left, then make the temporary directory."""
@@ -204,10 +265,41 @@ class Worktrees:
         self.paths.append(path)
         _git(["-c", f"core.hooksPath={self._no_hooks}", "-c", "advice.detachedHead=false", "worktree", "add",
               "--detach", "--quiet", str(path), sha], self.repo.root)
+        self.submodules[path] = submodules(path)
+        if self.with_submodules and self.submodules[path]:
+            gitdirs = [Path(self.repo.git("rev-parse", "--absolute-git-dir").strip()),
+                       (self.repo.root / self.repo.git("rev-parse", "--git-common-dir").strip()).resolve()]
+            self._check_out_submodules(path, sha[:12], self.repo.root, gitdirs, 0)
         return path
+
+    def _check_out_submodules(self, checkout: Path, commit: str, mine: Path, gitdirs: list[Path], depth: int) -> None:
+        """Clone each submodule of ``checkout`` from the user's copy of it (``mine``: the user's working tree at the
+        same level; ``gitdirs``: where its ``modules/NAME`` git directories lie) and check out the recorded commit;
+        then theirs, recursively. Local only: ``git clone --shared`` of a directory, never a URL."""
+        for sub in submodules(checkout) if depth < 8 else []:
+            named = sub.name is not None and not Path(sub.name).is_absolute() and ".." not in Path(sub.name).parts
+            sources = [g / "modules" / str(sub.name) for g in gitdirs if named] + [mine / sub.path]
+            source = next((p for p in sources if (p / "HEAD").is_file() or (p / ".git").exists()), None)
+            if source is None:
+                raise GitError(f"--submodules: submodule {sub.path} of commit {commit} is not checked out in your "
+                               f"checkout ({mine / sub.path}), and bisect copies submodules from there, never from "
+                               "the network: run `git submodule update --init --recursive` in your checkout, then "
+                               "bisect again.")
+            dest = checkout / sub.path
+            _git(["-c", f"core.hooksPath={self._no_hooks}", "clone", "--quiet", "--shared", "--no-checkout",
+                  str(source), str(dest)], checkout)
+            try:
+                _git(["-c", f"core.hooksPath={self._no_hooks}", "-c", "advice.detachedHead=false", "checkout",
+                      "--quiet", "--detach", sub.sha], dest)
+            except GitError:
+                raise GitError(f"--submodules: commit {commit} records submodule {sub.path} at {sub.sha[:12]}, "
+                               f"which your checkout's copy of it ({source}) does not have: fetch it there (`git -C "
+                               f"{mine / sub.path} fetch`), then bisect again.") from None
+            self._check_out_submodules(dest, sub.sha[:12], mine / sub.path, [_git_dir(source)], depth + 1)
 
     def remove(self, path: Path) -> None:
         """Remove one worktree this object made (its files and git's note of it)."""
+        self.submodules.pop(path, None)
         with contextlib.suppress(GitError):
             _git(["worktree", "remove", "--force", "--force", str(path)], self.repo.root)
         shutil.rmtree(path, ignore_errors=True)
