@@ -109,7 +109,7 @@ def refuse_not_followed(command: list[str]) -> None:
 
 
 # --- torchrun ------------------------------------------------------------------------------------------------
-TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.record.launcher torchrun ARGS``: torch.distributed.run, tied to us
+TORCHRUN_KIND = "torchrun"  # ``python -m torchrepro.record.child torchrun ARGS``: torch.distributed.run, tied to us
 
 _TORCHRUN_NAMES = {"torchrun", "torchrun.exe"}
 _TORCHRUN_MODULES = ("torch.distributed.run",)  # torch.distributed.launch passes --local-rank: not followed
@@ -249,7 +249,7 @@ def ranks_command(command: list[str], nproc_per_node: int | None) -> tuple[list[
 
 
 # --- accelerate launch ---------------------------------------------------------------------------------------
-ACCELERATE_KIND = "accelerate"  # ``python -m torchrepro.record.launcher accelerate ...``: its launch, tied to us
+ACCELERATE_KIND = "accelerate"  # ``python -m torchrepro.record.child accelerate ...``: its launch, tied to us
 LAUNCHER_KINDS = (TORCHRUN_KIND, ACCELERATE_KIND)
 
 
@@ -412,7 +412,7 @@ def several_processes_error(launcher: tuple[str, ...]) -> CommandError:
 
 
 def launcher_argv(child: list[str], launcher: tuple[str, ...]) -> list[str]:
-    """The arguments of ``python -m torchrepro.record.launcher`` that run ``accelerate launch`` (``launcher``) with
+    """The arguments of ``python -m torchrepro.record.child`` that run ``accelerate launch`` (``launcher``) with
     the child launcher's command (``child``) as the script of every process (:func:`run_launcher`)."""
     return [ACCELERATE_KIND, str(len(child)), *child, *launcher]
 
