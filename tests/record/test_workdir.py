@@ -322,3 +322,25 @@ def test_fresh_cwd_on_a_directory_too_large_to_copy_is_refused_before_anything_i
     assert doc["error"].startswith(f"--fresh-cwd copies the working directory {tmp_path} for every run, but it "
                                    "holds more than 5 files")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["train.py", *(f"data{i}.txt" for i in range(8))])
+
+
+def test_a_folder_a_later_run_only_listed_is_not_shared_state(tmp_path):
+    """Lightning lists lightning_logs/ to number its next version_N: every Lightning script was warned that the
+    comparison showed nothing. Only what a later run opened of what run 1 wrote counts; the listing is kept as
+    information."""
+    watch = WorkdirWatch(tmp_path)
+    watch.start()
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").write_text("lr: 0.1")
+    watch.reads[1] = []
+    watch.run_done(1, tmp_path / "nowhere")
+    watch.reads[2] = [{"root": str(tmp_path), "opened": {}, "listed": {"lightning_logs": False},
+                       "truncated": False}]
+    assert watch.shared() == []
+    doc = watch.to_json()
+    assert doc["read_from_earlier_run"] == []
+    assert doc["listed_from_earlier_run"] == [{"run": 2, "path": "lightning_logs", "how": "listed",
+                                               "change": "created"}]
+    watch.reads[2][0]["opened"] = {"lightning_logs/version_0/hparams.yaml": False}  # reading what run 1 wrote counts
+    assert watch.shared() == [{"run": 2, "path": "lightning_logs/version_0/hparams.yaml", "how": "opened",
+                               "change": "created"}]

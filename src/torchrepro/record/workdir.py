@@ -263,12 +263,14 @@ class WorkdirWatch:
     def _first_run_fresh(self, how: str) -> set[str]:
         return {p for r in self.reads.get(1, []) for p, fresh in (r.get(how) or {}).items() if fresh}
 
-    def shared(self, upto: int | None = None) -> list[dict[str, Any]]:
-        """Files (and folders) that run 1 created or changed and a later run read, unless run 1 read them
-        after writing them itself: ``{"run", "path", "how" (opened/listed), "change" (created/changed)}``."""
+    def shared(self, upto: int | None = None, hows: tuple[str, ...] = ("opened",)) -> list[dict[str, Any]]:
+        """Files that run 1 created or changed and a later run opened, unless run 1 read them after writing them
+        itself: ``{"run", "path", "how", "change" (created/changed)}``. A folder a later run only listed (Lightning
+        counting ``lightning_logs/version_N`` to pick the next) does not count: what it reads from it does
+        (``hows=("listed",)`` gives the listings)."""
         found = []
         for i in sorted(k for k in self.reads if k > 1 and (upto is None or k <= upto)):
-            for how in ("opened", "listed"):
+            for how in hows:
                 own = self._first_run_fresh(how)
                 paths = {p for r in self.reads[i] if r.get("root") == str(self.root)
                          for p, fresh in (r.get(how) or {}).items() if not fresh}
@@ -280,7 +282,8 @@ class WorkdirWatch:
         return {"isolated": False, "root": str(self.root), "watched_entries_limit": self.limit,
                 "watch_truncated": self.truncated, "changed_by_run_1": len(self.changed),
                 "audit_truncated": any(r.get("truncated") for rs in self.reads.values() for r in rs),
-                "read_from_earlier_run": self.shared()}
+                "read_from_earlier_run": self.shared(),
+                "listed_from_earlier_run": self.shared(hows=("listed",))}  # information only: no warning
 
 
 def shared_text(shared: list[dict[str, Any]]) -> str:
