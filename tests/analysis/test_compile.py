@@ -371,3 +371,19 @@ def test_bisection_over_prefixes_finds_the_kernel_when_instrumentation_is_off(tm
     assert result.op["original_aten"] == "aten.embedding_dense_backward" and result.eager_deterministic is True
     assert result.op["line"] == _line_of(Path(__file__), "# BISECT-LINE")
     assert f"bisection over prefixes of the graph ({result.finding.compiles} compiles)" in result.explanation
+
+
+def test_an_element_of_a_tuple_output_is_named_by_the_node_that_made_it():
+    """``var_mean`` returns a tuple (not measured as a whole); ``getitem`` takes its elements. The kernel that
+    varies is var_mean's: it was reported as ``<built-in getitem>``, the row above it already differing."""
+    nodes = [{"name": "x", "kind": "placeholder", "args": []},
+             {"name": "vm", "kind": "call_function", "op": "aten.var_mean", "args": ["x"], "module": "ln",
+              "file": "t.py", "line": 7},
+             {"name": "v", "kind": "call_function", "op": "<built-in function getitem>", "args": ["vm"], "line": 7},
+             {"name": "out", "kind": "call_function", "op": "aten.add", "args": ["v"], "line": 8}]
+    graphs = [{"region": 0, "kind": "forward", "order": 1, "nodes": nodes, "inputs": {"x": "X"},
+               "program": [[out], [out]], "compiled": [{"x": "X", "v": v, "out": out}] * 2, "eager": [],
+               "errors": []} for v, out in (("V1", "O1"), ("V2", "O2"))]
+    result = locate_compiled([_doc(g) for g in graphs], step=1)
+    assert result.verdict == "compiled-kernel" and result.op["node"] == "vm" and result.op["op"] == "aten.var_mean"
+    assert [row["op"] for row in result.finding.context if row["origin"]] == ["aten.var_mean"]

@@ -78,6 +78,17 @@ class GraphFinding:
     compiles: int = 0  # compiles the bisection took
 
 
+def _producer(nodes: list[dict[str, Any]], i: int, index: dict[str, int], measured: dict[str, Any]) -> int:
+    """The node to name for node ``i``: itself, or, for a node that only takes an element of another node's
+    tuple output (``operator.getitem`` of ``var_mean``, which is not measured as a whole), that node."""
+    node = nodes[i]
+    while "getitem" in str(node.get("op") or "") and node.get("args") and node["args"][0] in index \
+            and node["args"][0] not in measured:
+        i = index[node["args"][0]]
+        node = nodes[i]
+    return i
+
+
 def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
     first = graphs[0]
     pooled = [g for g in graphs if g.get("inputs") == first.get("inputs")]  # identical inputs only
@@ -92,11 +103,14 @@ def _graph_finding(graphs: list[dict[str, Any]]) -> GraphFinding:
     if not compiled:
         return _bisected(finding, pooled, nodes, eager)
     constant = {name for name in compiled[0] if _node_variants(compiled, name) == 1}
+    index = {n["name"]: j for j, n in enumerate(nodes)}
     for i, node in enumerate(nodes):
         name = node["name"]
         if name not in compiled[0] or name in constant:
             continue
         if all(a in constant or a not in compiled[0] for a in node.get("args", [])):
+            i = _producer(nodes, i, index, compiled[0])
+            node, name = nodes[i], nodes[i]["name"]
             finding.origin, finding.method = node, "instrumented"
             finding.origin_variants = _node_variants(compiled, name)
             if eager and name in eager[0]:
