@@ -364,3 +364,25 @@ def test_one_name_for_a_json_ready_dict_and_the_old_names_warn() -> None:
             assert getattr(obj, old)() == obj.to_json()
         assert [w.category for w in caught] == [DeprecationWarning], (type(obj), old)
         assert f"{old}() is deprecated" in str(caught[0].message)
+
+
+def test_patches_are_undone_together_last_first_and_never_over_someone_elses():
+    import sys
+    import types
+
+    from torchrepro._core.patches import Patches
+
+    mod = types.SimpleNamespace(f=lambda: "f", g=lambda: "g")
+    finder = object()
+    removed: list[str] = []
+    patches = Patches()
+    patches.set(mod, "f", lambda: "ours")
+    patches.wrap(mod, "g", lambda g: lambda: "wrapped " + g())
+    patches.insert(sys.meta_path, 0, finder)
+    patches.hook(types.SimpleNamespace(remove=lambda: removed.append("hook")))
+    assert (mod.f(), mod.g(), sys.meta_path[0]) == ("ours", "wrapped g", finder)
+    mod.g = lambda: "someone else's"  # replaced again after us: kept
+    patches.undo()
+    assert (mod.f(), mod.g(), finder in sys.meta_path, removed) == ("f", "someone else's", False, ["hook"])
+    patches.undo()  # twice is harmless
+    assert not patches.active

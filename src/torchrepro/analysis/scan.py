@@ -39,6 +39,7 @@ from .._core.errors import ReproError
 from .._core.io import atomic_write_json
 from .._core.modules import ModuleContext, discover_models, optimizers_exist
 from .._core.naming import renamed
+from .._core.patches import Patches
 from .._core.table import render_table
 from ..control.registry import match
 from ..control.rng import isolate_rng
@@ -521,8 +522,7 @@ class _StepStopper:
         self.backward_calls = 0
         self.done = False
         self._has_optimizer: bool | None = None
-        self._orig_backward: Any = None
-        self._handle: Any = None
+        self._patches = Patches()
 
     @property
     def step_mode(self) -> str:
@@ -533,7 +533,7 @@ class _StepStopper:
         raise _ScanDone()
 
     def install(self) -> _StepStopper:
-        orig = self._orig_backward = torch.autograd.backward
+        orig = torch.autograd.backward
         stopper = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
@@ -551,17 +551,12 @@ class _StepStopper:
             if stopper.optimizer_steps >= stopper.steps:
                 stopper._stop()
 
-        torch.autograd.backward = backward
-        self._handle = register_optimizer_step_post_hook(step_hook)
+        self._patches.set(torch.autograd, "backward", backward)
+        self._patches.hook(register_optimizer_step_post_hook(step_hook))
         return self
 
     def uninstall(self) -> None:
-        if self._orig_backward is not None:
-            torch.autograd.backward = self._orig_backward
-            self._orig_backward = None
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self._patches.undo()
 
 
 def child_code() -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core.io import atomic_write_json
+from .._core.patches import Patches
 from .launcher import (
     CONFIG_ENV,
     INTERNAL_KEY,
@@ -307,15 +308,15 @@ class ThreadEnvAtImport:
     def __init__(self) -> None:
         self.launched = {name: os.environ.get(name) for name in self.VARS}
         self._original = builtins.__import__
+        self._patches = Patches()
         self.done = False
 
     def install(self) -> ThreadEnvAtImport:
-        builtins.__import__ = self._import
+        self._original = self._patches.set(builtins, "__import__", self._import)
         return self
 
     def uninstall(self) -> None:
-        if builtins.__import__ == self._import:
-            builtins.__import__ = self._original
+        self._patches.undo()
 
     def _import(self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if not self.done and level == 0 and (name == "torch" or name.startswith("torch.")):
