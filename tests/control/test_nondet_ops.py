@@ -108,6 +108,7 @@ def test_linting_each_spelling_says_what_deterministic_mode_does(row: Row, spell
 
         if __name__ == "__main__":
             torch.manual_seed(0)
+            torch.set_default_device("cuda")  # runs on CUDA: TR203 reports CUDA-only ops only then
         """)
     found = lint_source(source, "train.py", LintConfig(select=("TR203",)))
     assert [d.line for d in found] == [4], (source, found)

@@ -25,10 +25,8 @@ def test_bundled_examples_lint_as_expected(monkeypatch: pytest.MonkeyPatch) -> N
                             "examples/scatter_gnn.py",
                             "examples/unseeded_augmentation.py", "examples/unseeded_init.py"]
     assert _found(result) == [
-        # seeded, but cuDNN convolutions and adaptive pooling are nondeterministic on CUDA without
-        # deterministic mode (the example is identical on CPU, where `torchrepro check` runs it)
-        ("examples/cnn_train.py", 16, 26, "TR203"),
-        ("examples/cnn_train.py", 38, 35, "TR203"),
+        # cnn_train.py: seeded, and its convolutions and adaptive pooling (nondeterministic on CUDA only) never run
+        # on CUDA, since nothing in it uses CUDA
         # the scatter-add the example is about (index_put_(accumulate=True): nondeterministic on CPU with 2+ threads)
         ("examples/scatter_gnn.py", 23, 11, "TR203"),
         # the unseeded augmentation generator the example is about, and a shuffle from the global generator
@@ -60,9 +58,13 @@ BREAKS = [
     # the three convolutions are one finding (naming lines 22 and 23), the adaptive pooling another cause
     ("lightning_style.py", " deterministic=True,",
      [("lightning_style.py", 21, "TR203"), ("lightning_style.py", 24, "TR203")]),
-    ("imagenet_style.py", "        train_sampler.set_epoch(epoch)\n", [("imagenet_style.py", 117, "TR401")]),
+    ("imagenet_style.py", "        train_sampler.set_epoch(epoch)\n", [("imagenet_style.py", 121, "TR401")]),
     # the seed in main() does not reach the processes mp.spawn starts
-    ("imagenet_style.py", "them).\n    torch.manual_seed(args.seed)\n", [("imagenet_style.py", 83, "TR106")]),
+    ("imagenet_style.py", "them).\n    torch.manual_seed(args.seed)\n", [("imagenet_style.py", 87, "TR106")]),
+    # nor do deterministic mode and cuDNN's flag: the finding is on the function the processes run
+    ("imagenet_style.py", "main() do not reach a process that mp.spawn starts.\n    cudnn.deterministic = True\n"
+                          "    cudnn.benchmark = False\n    torch.use_deterministic_algorithms(True)\n",
+     [("imagenet_style.py", 74, "TR207")]),
     ("word_lm_style.py", "    torch.manual_seed(args.seed)\n", [("word_lm_style.py", 89, "TR101")]),
     # the cuDNN LSTM: neither deterministic mode nor CUBLAS_WORKSPACE_CONFIG is left
     ("word_lm_style.py", "    torch.use_deterministic_algorithms(True)\n", [("word_lm_style.py", 47, "TR203")]),
@@ -103,8 +105,27 @@ def test_library_module_without_a_deterministic_program_is_flagged(tmp_path: Pat
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "gnn.py").write_text((REAL / "project" / "model.py").read_text())
     (tmp_path / "train.py").write_text("import torch\nfrom gnn import GNN\n\nif __name__ == '__main__':\n"
-                                       "    torch.manual_seed(0)\n    GNN(8)\n")
+                                       "    torch.manual_seed(0)\n    GNN(8).cuda()\n")
     monkeypatch.chdir(tmp_path)
     result = lint_paths(["gnn.py"], LintConfig(base=tmp_path))
     assert _found(result) == [("gnn.py", 14, 15, "TR203")]
+    assert "no linted program importing it" in result.diagnostics[0].message
+
+
+def test_library_module_linted_alone_is_judged_by_the_device_of_the_program_that_imports_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convolutions are nondeterministic on CUDA only: linting model.py alone, the program that imports it (found
+    by scanning the project) decides, through the helper module where it picks its device."""
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "model.py").write_text("from torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+                                       "        super().__init__()\n        self.conv = nn.Conv2d(1, 8, 3)\n")
+    (tmp_path / "devices.py").write_text("import torch\n\n\ndef pick():\n    return torch.device('cpu')\n")
+    (tmp_path / "train.py").write_text("import torch\nfrom model import Net\nfrom devices import pick\n\n"
+                                       "if __name__ == '__main__':\n    torch.manual_seed(0)\n    Net().to(pick())\n")
+    monkeypatch.chdir(tmp_path)
+    assert _found(lint_paths(["model.py"], LintConfig(base=tmp_path))) == []
+    (tmp_path / "devices.py").write_text("import torch\n\n\ndef pick():\n"
+                                         "    return torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n")
+    result = lint_paths(["model.py"], LintConfig(base=tmp_path))
+    assert _found(result) == [("model.py", 7, 21, "TR203")]
     assert "no linted program importing it" in result.diagnostics[0].message

@@ -88,6 +88,7 @@ class Spawn:
     api: str  # the starting call as written: "mp.spawn", "ctx.Process"
     method: str | None  # "spawn", "forkserver", or None for the platform's default
     seeded: frozenset[str]  # the libraries the parent seeded before the call
+    settings: frozenset[str] = frozenset()  # the determinism settings (DET, CUDNN_DET) the parent made before it
 
     @property
     def node(self) -> ast.AST:
@@ -96,9 +97,12 @@ class Spawn:
     def site_in(self, module: Module) -> ast.AST:
         return _site_in(self.chain, module)
 
-    def below(self, module: Module, site: ast.AST, seeded: frozenset[str]) -> Spawn:
-        """This spawn as seen from a caller that reached it through ``site`` with ``seeded`` libraries."""
-        return Spawn(((module, site), *self.chain), self.target, self.api, self.method, self.seeded | seeded)
+    def below(self, module: Module, site: ast.AST, seeded: frozenset[str],
+              settings: frozenset[str] = frozenset()) -> Spawn:
+        """This spawn as seen from a caller that reached it through ``site`` with ``seeded`` libraries and the
+        determinism ``settings`` made."""
+        return Spawn(((module, site), *self.chain), self.target, self.api, self.method, self.seeded | seeded,
+                     self.settings | settings)
 
 
 class Summary:
@@ -138,6 +142,12 @@ class Summary:
         """The libraries seeded so far in the program's own process."""
         own = self.own
         return frozenset(lib for lib in K.LIBS if (SEED, lib) in own._index)
+
+    def settings(self) -> frozenset[str]:
+        """The determinism settings made so far in the program's own process: deterministic mode (DET), cuDNN's
+        deterministic flag (CUDNN_DET)."""
+        own = self.own
+        return frozenset(kind for kind in (DET, CUDNN_DET) if (kind, None) in own._index)
 
     def rechained(self, prefix: tuple[tuple[Module, ast.AST], ...]) -> Summary:
         """The own-process events, reached through the call sites ``prefix`` (a process view)."""
@@ -477,7 +487,8 @@ class Walker:
             seen.add(key)
             child = self.summary(spawn.target)
             out.append((self._child_events(spawn, child), spawn))
-            todo.extend(Spawn((*spawn.chain, *s.chain), s.target, s.api, s.method, s.seeded) for s in child.spawns)
+            todo.extend(Spawn((*spawn.chain, *s.chain), s.target, s.api, s.method, s.seeded, s.settings)
+                        for s in child.spawns)
         return out
 
     def _child_events(self, spawn: Spawn, child: Summary) -> Summary:
@@ -570,6 +581,7 @@ class Walker:
         sub = self.summary(target, flags)
         drop = _pretrained_drop(sub) if target.name in K.PRETRAINED_LOADERS else ()
         seeded = out.seeded() if sub.spawns else frozenset()
+        settings = out.settings() if sub.spawns else frozenset()
         made: dict[int, Event] = {}
         for event in sub.events:
             if id(event) not in drop:
@@ -580,7 +592,7 @@ class Walker:
                 out.own.add_any(made.get(id(event)) or Event(event.kind, event.lib, ((module, site), *event.chain),
                                                              event.detail))
         for spawn in sub.spawns:
-            out.add_spawn(spawn.below(module, site, seeded))
+            out.add_spawn(spawn.below(module, site, seeded, settings))
 
     def _spawn(self, module: Module, call: ast.Call, target: Scope, start: Start, out: Summary) -> None:
         """``target`` runs in a new process: its events count for the program, not for its own process."""
@@ -588,7 +600,7 @@ class Walker:
             return
         for event in self.summary(target).events:
             out.add_any(Event(event.kind, event.lib, ((module, call), *event.chain), event.detail))
-        out.add_spawn(Spawn(((module, call),), target, start.api, start.method, out.seeded()))
+        out.add_spawn(Spawn(((module, call),), target, start.api, start.method, out.seeded(), out.settings()))
 
     def _follow(self, module: Module, scope: Scope, call: ast.Call, qual: str | None, out: Summary) -> bool:
         """Add the events of the project definitions ``call`` runs; whether there are any."""

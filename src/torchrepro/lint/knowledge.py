@@ -263,6 +263,25 @@ CUDA_HARMLESS = frozenset({
     "get_device_capability", "get_device_properties", "current_device", "memory_allocated", "empty_cache",
 })
 
+# Signs that code runs on a GPU (TR203 reports ops that vary only on CUDA only where there is one; lint/devices.py).
+# torch.cuda members that neither put work on a GPU nor say the program means to (seeding helpers of CPU-only
+# scripts call them too); every other torch.cuda member, and every torch.accelerator one, is a sign.
+CUDA_NOT_USE = frozenset({
+    "is_available", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
+    "get_rng_state_all", "set_rng_state", "set_rng_state_all", "is_initialized",
+})
+ACCELERATOR = "torch.accelerator"  # torch >= 2.6: current_accelerator(), the device of whatever GPU there is
+CUDA_STRINGS = frozenset({"cuda", "gpu", "nccl"})  # also "cuda:N" and "torch.cuda.*" (set_default_tensor_type)
+# Objects holding command-line or configuration options: `.to(args.device)` picks a device at run time.
+OPTION_HOLDERS = frozenset({"args", "opt", "opts", "options", "cfg", "config", "conf", "hparams", "hp", "flags",
+                            "params", "training_args"})
+DEVICE_WORDS = ("device", "gpu", "cuda", "rank")
+RANK_NAMES = frozenset({"rank", "local_rank", "gpu", "gpu_id", "device_id", "gpu_index"})  # `.to(rank)`: a GPU
+DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel", "deepspeed.initialize"})
+DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.DistributedDataParallel"})
+ACCELERATE = "accelerate.Accelerator"
+FABRIC = "lightning.fabric.Fabric"
+
 # --- distributed ----------------------------------------------------------------------------------------------
 DIST_INIT = frozenset({
     "torch.distributed.init_process_group", "torch.nn.parallel.DistributedDataParallel",

@@ -11,7 +11,21 @@ from ..._core import nondet_ops as facts
 from ..._core.nondet_ops import Arg, Row
 from .. import knowledge as K
 from ..calls import argument, constant, env_assignments, has_splat, is_false, is_true
-from ..flow import CUBLAS_ENV, CUDA, CUDNN_DET, DET, Walker, classify_call, is_assumed_determinism, store_events
+from ..devices import cuda_use
+from ..flow import (
+    CUBLAS_ENV,
+    CUDA,
+    CUDNN_DET,
+    DET,
+    DRAW,
+    MODEL,
+    SEED,
+    Event,
+    Walker,
+    classify_call,
+    is_assumed_determinism,
+    store_events,
+)
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
 
@@ -198,13 +212,14 @@ def lint_table(rows: tuple[Row, ...]) -> dict[str, tuple[Op, ...]]:
 NONDETERMINISTIC_OPS: dict[str, tuple[Op, ...]] = lint_table(facts.rows_for("cuda") + facts.rows_for("cpu"))
 
 
-def nondeterministic_op(module: Module, call: ast.Call) -> Op | None:
-    """The table entry a call matches (None if it is not a nondeterministic op, or its arguments make it safe)."""
+def nondeterministic_op(module: Module, call: ast.Call, *, cuda: bool = True) -> Op | None:
+    """The table entry a call matches (None if it is not a nondeterministic op, or its arguments make it safe);
+    without ``cuda``, only the entries of CPU rows (for code that never runs on CUDA)."""
     qual = module.qual(call.func)
     ops = NONDETERMINISTIC_OPS.get(qual, ()) if qual else ()
     if not ops and call.func.__class__ is ast.Attribute and (qual is None or qual.startswith("torch.")):
         ops = NONDETERMINISTIC_OPS.get("." + call.func.attr, ())
-    return next((op for op in ops if op.applies(call, module)), None)
+    return next((op for op in ops if (cuda or op.row.device != "cuda") and op.applies(call, module)), None)
 
 
 @dataclass(frozen=True)
@@ -358,6 +373,16 @@ class NondeterministicOp(Rule):
         `Trainer(deterministic=True)`, `enable_full_determinism`, ...). For convolutions,
         `torch.backends.cudnn.deterministic = True` is enough; for RNNs, `CUBLAS_WORKSPACE_CONFIG`. The calls
         with one cause in one top-level class or function are one finding, at the first, naming the other lines.
+        The ops that vary only on CUDA are reported only where the code may run on CUDA: the program, or a
+        project file it imports, shows CUDA use (`.cuda()`, a `"cuda"` device, also one picked at run time as
+        in `"cuda" if torch.cuda.is_available() else "cpu"`, `torch.device(args.device)`, `.to(rank)`,
+        `torch.cuda` calls other than seeding and `is_available`, `torch.accelerator`, `DataParallel`, DDP
+        with `device_ids`, `cudnn.benchmark = True`, or a trainer that moves the model to a GPU: Lightning,
+        Hugging Face, Accelerate); for a module that is not a program, the programs that import it and their
+        project files do (library code that no program is known to import may run anywhere: it is judged to use
+        CUDA). A
+        program that never uses CUDA gets only the ops that also vary on the CPU (`index_put_(accumulate=True)`,
+        `index_copy_`, `put_`, `MaxUnpool`), with the CPU's reason.
         """
     why = """
         These kernels accumulate floating-point values with atomics in whatever order the GPU schedules them,
@@ -386,8 +411,13 @@ class NondeterministicOp(Rule):
         if not sites:
             return
         status = _coverage(ctx)
+        sites = [s for s in sites if not status.covers(s.op.row)]
+        if any(site.op.row.device == "cuda" for site in sites) and not runs_on_cuda(ctx):
+            # nothing here runs on CUDA: only the ops nondeterministic on CPU are (a CPU row where there is one)
+            sites = [Site(site.call, site.scope, op) for site in sites
+                     if (op := nondeterministic_op(module, site.call, cuda=False)) and not status.covers(op.row)]
         where = "this program" if ctx.is_program else "this module (and no linted program importing it)"
-        for first, *rest in _groups([s for s in sites if not status.covers(s.op.row)]):
+        for first, *rest in _groups(sites):
             # A noqa on the reported line silences the group (the engine drops it); one on another line of the
             # group takes that line out of the group.
             rest = [s for s in rest if not ctx.suppressed(s.call, self.code)]
@@ -404,6 +434,25 @@ class NondeterministicOp(Rule):
         if kind in _WITH_ALTERNATIVE and row.alternative:
             help_text += f"; known alternative: {row.alternative}"
         return Finding(first.call, message, help_text)
+
+
+def runs_on_cuda(ctx: Context) -> bool:
+    """Whether the code of ``ctx.module`` may run on CUDA: some sign of CUDA use (:func:`..devices.cuda_use`) in
+    the program, or in a project file it imports; for a module that is not a program, in the programs that
+    import it and their project files. A module that no program is known to import is library code, judged to
+    run on CUDA (nothing says how it is run)."""
+    project = ctx.project
+    programs = [ctx.module] if ctx.is_program else ctx.importing_programs()
+    if not programs:
+        return True
+    seen: set[int] = set()
+    for program in programs:
+        for module in (program, *(project.module_at(path) for path in project.imported_files(program))):
+            if module is not None and id(module) not in seen:
+                seen.add(id(module))
+                if cuda_use(module):
+                    return True
+    return False
 
 
 def _coverage(ctx: Context) -> Determinism:
@@ -451,6 +500,105 @@ class CublasAfterCuda(Rule):
         yield Finding(env.site_in(ctx.module),
                       f"CUBLAS_WORKSPACE_CONFIG is set here, after CUDA is first used ({cuda.detail} at "
                       f"{cuda.where()}); cuBLAS reads it once when it initialises, so it may be ignored")
+
+
+_SPAWN_NOTE = {
+    None: "; with the spawn or forkserver start method, the default except on Linux before Python 3.14",
+    "forkserver": "; start method forkserver",
+}
+
+
+def _name_of(module: Module, target: Scope) -> ast.AST:
+    """A node spanning the name in ``def name(`` (where a finding about a whole function points)."""
+    node = target.node
+    line = module.lines[node.lineno - 1] if 0 < node.lineno <= len(module.lines) else ""
+    start = line.find(target.name, node.col_offset)
+    start = node.col_offset if start < 0 else start
+    marker = ast.Name(id=target.name)
+    marker.lineno = marker.end_lineno = node.lineno
+    marker.col_offset, marker.end_col_offset = start, start + len(target.name)
+    return marker
+
+
+class DeterminismDoesNotReachSpawnedProcess(Rule):
+    code = "TR207"
+    name = "determinism-does-not-reach-spawned-process"
+    family = "determinism"
+    program = True
+    summary = ("A program enables deterministic mode or cuDNN's deterministic flag, then starts a process with the "
+               "spawn method that does not set them itself.")
+    what = """
+        A function run in a new process — `torch.multiprocessing.spawn(fn)` / `mp.spawn(fn)`,
+        `start_processes(fn)`, `multiprocessing.Process(target=fn)` (also `get_context(...).Process`) — that
+        builds a model or uses CUDA, while the parent enabled deterministic mode
+        (`torch.use_deterministic_algorithms(True)`, `torchrepro.deterministic()`, ...) or set
+        `torch.backends.cudnn.deterministic = True` before starting it, and neither the function (nor a helper it
+        calls, nor the main module's top level outside `if __name__ == "__main__":`, which the new process
+        re-imports) sets them again. The finding is on the function (`def main_worker`), or on the call that
+        starts it when the function lives in another file; it says when the parent's seeds do not reach the
+        process either (TR106 reports its draws). Not reported when the process is forked
+        (`get_context("fork")`, `set_start_method("fork")`, `start_method="fork"`), since a forked child
+        inherits the parent's settings.
+        """
+    why = """
+        Deterministic mode and the `torch.backends.cudnn` flags are settings of one Python process. The spawn
+        and forkserver start methods run the function in a fresh interpreter, which starts from PyTorch's
+        defaults: nondeterministic algorithms allowed, cuDNN free to pick any convolution algorithm. The
+        pytorch/examples ImageNet script sets `cudnn.deterministic = True` in `main()` and then trains in
+        `main_worker`, started by `mp.spawn`, where the flag is off: the training that was meant to be
+        deterministic is not. (Environment variables such as `CUBLAS_WORKSPACE_CONFIG` do reach the new process.)
+        """
+    example = """
+        def main_worker(rank, args):                # TR207: the flags set in main() are not set here
+            model = resnet50().cuda(rank)
+        def main():
+            torch.manual_seed(args.seed)
+            torch.backends.cudnn.deterministic = True
+            mp.spawn(main_worker, nprocs=4, args=(args,))
+        """
+    instead = """
+        def main_worker(rank, args):
+            torchrepro.seed_everything(args.seed)   # in the process itself (add the rank where ranks differ)
+            torchrepro.deterministic()              # or torch.backends.cudnn.deterministic = True
+            model = resnet50().cuda(rank)
+        """
+    help = ("seed and set the flags at the start of the function the new process runs: "
+            "torchrepro.seed_everything(seed + rank) (or the same seed) and torchrepro.deterministic() (or "
+            "torch.backends.cudnn.deterministic = True) there")
+
+    def check(self, ctx: Context) -> Iterator[Finding]:
+        module, parent = ctx.module, ctx.summary.own
+        seen: set[int] = set()
+        for events, spawn in ctx.walker.processes(ctx.summary):
+            if spawn is None or id(spawn.target) in seen:
+                continue
+            missing = []
+            if DET in spawn.settings and not events.has(DET):
+                missing.append(self._setting(module, parent.first(DET), "deterministic mode"))
+            if CUDNN_DET in spawn.settings and not events.has(CUDNN_DET) and not events.has(DET):
+                missing.append(self._setting(module, parent.first(CUDNN_DET), ""))
+            if not missing or not (events.has(MODEL) or events.has(CUDA) or events.has(DRAW, K.TORCH)):
+                continue
+            seen.add(id(spawn.target))
+            unseeded = [lib for lib in K.LIBS if lib in spawn.seeded and not events.has(SEED, lib)]
+            seeds = (f", nor do the seeds ({', '.join(K.LIB_LABEL[lib] for lib in unseeded)})" if unseeded else "")
+            line = getattr(spawn.site_in(module), "lineno", 1)
+            own = spawn.target.module is module and spawn.target.kind == "function"
+            node = _name_of(module, spawn.target) if own else spawn.site_in(module)
+            settings = " and ".join(missing)
+            yield Finding(node, f"{spawn.target.name}() runs in a new process ({spawn.api}, line {line}"
+                                f"{_SPAWN_NOTE.get(spawn.method, '')}), which starts from PyTorch's default "
+                                f"settings: {settings}, set before it in this process, "
+                                f"{'do' if len(missing) > 1 else 'does'} not reach it{seeds}")
+
+    @staticmethod
+    def _setting(module: Module, event: Event | None, what: str) -> str:
+        """``cudnn.deterministic = True (line 62)``: how the parent made a setting, and where."""
+        if event is None:
+            return what or "cudnn.deterministic = True"
+        detail = event.detail.replace("torch.backends.", "")
+        line = getattr(event.site_in(module), "lineno", 1)
+        return f"{what} ({detail}, line {line})" if what else f"{detail} (line {line})"
 
 
 _DETERMINISM_WORDS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED")
@@ -561,4 +709,4 @@ def _starts_children(module: Module, scope: Scope) -> bool:
 
 
 RULES = (CudnnBenchmark, CudnnNondeterministic, NondeterministicOp, CublasAfterCuda, LaunchBlocking,
-         HashSeedInProcess)
+         HashSeedInProcess, DeterminismDoesNotReachSpawnedProcess)

@@ -79,6 +79,10 @@ def main_worker(gpu, ngpus_per_node, args):
             args.rank = args.rank * ngpus_per_node + gpu
         dist.init_process_group(backend=args.dist_backend, init_method=args.dist_url,
                                 world_size=args.world_size, rank=args.rank)
+    # Settings of this process: those made in main() do not reach a process that mp.spawn starts.
+    cudnn.deterministic = True
+    cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
     # Every rank seeds the same way, so every replica starts from the same weights (DDP also broadcasts them).
     torch.manual_seed(args.seed)
     model = models.__dict__[args.arch]()

@@ -9,7 +9,7 @@ def main():
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     conv = nn.Conv2d(3, 8, 3)  # ok: cuDNN is deterministic
-    out = torch.zeros(4)
+    out = torch.zeros(4, device="cuda")
     out.index_add_(0, torch.tensor([0, 0]), torch.ones(2))  # expect: TR203
     return conv, out
 

@@ -33,4 +33,4 @@ class Silenced(nn.Module):
 
 
 if __name__ == "__main__":
-    VGGish()
+    VGGish().cuda()

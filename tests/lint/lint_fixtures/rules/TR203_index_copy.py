@@ -19,7 +19,7 @@ def select_rows(x, idx):
 
 def main():
     torch.manual_seed(0)
-    copy_rows(torch.zeros(4, 2), torch.tensor([0, 0]), torch.ones(2, 2))
+    copy_rows(torch.zeros(4, 2).cuda(), torch.tensor([0, 0]), torch.ones(2, 2))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def masked(x, idx, values):
 
 def main():
     torch.manual_seed(0)
-    write_rows(torch.zeros(4, 2), torch.tensor([0, 0]), torch.ones(2, 2))
+    write_rows(torch.zeros(4, 2).cuda(), torch.tensor([0, 0]), torch.ones(2, 2))
 
 
 if __name__ == "__main__":

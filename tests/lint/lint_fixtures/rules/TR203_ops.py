@@ -39,7 +39,7 @@ class Model(nn.Module):
 
 def main():
     torch.manual_seed(0)
-    Model("bilinear")
+    Model("bilinear").cuda()
 
 
 if __name__ == "__main__":

@@ -29,4 +29,4 @@ class Padded(nn.Module):
 
 
 if __name__ == "__main__":
-    Padded()
+    Padded().cuda()

@@ -33,7 +33,7 @@ def fill_rows(out, idx, rows=None):
 
 def main():
     torch.manual_seed(0)
-    scatter_rows(torch.zeros(4), torch.tensor([0, 0]), torch.ones(2))
+    scatter_rows(torch.zeros(4, device="cuda"), torch.tensor([0, 0]), torch.ones(2))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from dataset import GraphFolder
 from model import GNN
-from reprokit.setup import make_reproducible, worker_init
+from reprokit.setup import make_reproducible, training_device, worker_init
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
     args = parser.parse_args()
 
     make_reproducible(args.seed)
-    model = GNN(hidden=64)
+    model = GNN(hidden=64).to(training_device())
     data = GraphFolder(args.root, seed=args.seed)
     loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, worker_init_fn=worker_init,
                         generator=torch.Generator().manual_seed(args.seed))

@@ -57,7 +57,7 @@ best_acc1 = 0.0
 def main():
     args = parser.parse_args()
     if args.seed is not None:
-        random.seed(args.seed)
+        random.seed(args.seed)  # expect: TR105 (--seed defaults to None: the default command runs unseeded)
         torch.manual_seed(args.seed)
         cudnn.deterministic = True
         cudnn.benchmark = False
@@ -76,7 +76,7 @@ def main():
         main_worker(args.gpu, ngpus_per_node, args)
 
 
-def main_worker(gpu, ngpus_per_node, args):
+def main_worker(gpu, ngpus_per_node, args):  # expect: TR207 (the cuDNN flag set in main() is off here)
     global best_acc1
     args.gpu = gpu
     if args.distributed:

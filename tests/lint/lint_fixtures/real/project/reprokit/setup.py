@@ -13,3 +13,7 @@ def make_reproducible(value):
     np.random.seed(value)
     torch.manual_seed(value)
     torch.use_deterministic_algorithms(True)
+
+
+def training_device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
