@@ -256,13 +256,15 @@ def test_a_checkpoint_folder_torchrepro_did_not_make_is_never_deleted(tmp_path):
 # the integration fixes, with it the check says identical (tests/scripts/{lightning,hf}_train.py: 2 workers whose
 # dataset draws augmentation noise, dropout, mid-epoch checkpoint) --------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="needs lightning")
-@pytest.mark.parametrize("sanity", ["0", "1"])
-def test_lightning_script_with_the_callback_resumes_identically(tmp_path, sanity):
+@pytest.mark.parametrize("sanity, loaders", [("0", ()), ("1", ()), ("0", ("--samples", "24", "--second", "8"))],
+                         ids=["plain", "sanity", "two-loaders"])
+def test_lightning_script_with_the_callback_resumes_identically(tmp_path, sanity, loaders):
     """Its validation (after step K; with --sanity 1 also Lightning's sanity check before fit, which the resumed
     process does not repeat) fetches batches with autograd off: they are not training data and not recorded (the
-    sanity check's loader, seen first, shifted every training batch's loader number: RESUME DIVERGED)."""
+    sanity check's loader, seen first, shifted every training batch's loader number: RESUME DIVERGED). With two
+    train loaders (6 and 2 batches, the short one cycled) the resume was refused: exit 2."""
     rc, doc, _, err = resume_check(tmp_path, str(SCRIPTS / "lightning_train.py"), "--steps", "8", "--callback",
-                                   "--sanity", sanity)
+                                   "--sanity", sanity, *loaders)
     assert rc == 0, (err, doc.get("restored"))
     assert doc["trainer"] == "lightning" and doc["verdict"] == "identical"
     assert all(restored(doc).values()), doc["restored"]

@@ -28,6 +28,7 @@ SRC = str(Path(torchrepro.__file__).resolve().parents[1])  # the torchrepro unde
 HAVE_LIGHTNING = importlib.util.find_spec("lightning") is not None
 needs_lightning = pytest.mark.skipif(not HAVE_LIGHTNING, reason="needs lightning (pip install torchrepro[lightning])")
 NOT_RESUMABLE = "your dataloader is not resumable"  # Lightning's warning on a mid-epoch resume of a plain loader
+TWO = ["--samples", "24", "--second", "8"]  # two train loaders: 6 and 2 batches of 4
 
 
 @dataclass
@@ -99,6 +100,12 @@ def runs(tmp_path_factory) -> dict[str, Run]:
         "cb_end": (["--steps", "4", "--save-end", "end.ckpt", *cb], ["--resume", "end.ckpt", *cb]),
         "ddp": (["--save-at", "4", "--ckpt", "ddp.ckpt", "--devices", "2", "--samples", "24", *cb],
                 ["--resume", "ddp.ckpt", "--devices", "2", "--samples", "24", *cb]),
+        # two train loaders of 6 and 2 batches (a dict: Lightning's max_size_cycle cycles the short one), saved
+        # from on_train_batch_end at the end of the short loader's second pass (4) and in its middle (3); and
+        # CombinedLoader(mode="max_size"), where the short one is exhausted at the save (4) and gives None after
+        **{name: ([*two, "--save-at", at, "--ckpt", f"{name}.ckpt"], [*two, "--resume", f"{name}.ckpt"])
+           for name, at, two in [("two", "4", [*cb, *TWO]), ("two_mid", "3", [*cb, *TWO]),
+                                 ("two_max", "4", [*cb, *TWO, "--mode", "max_size"])]},
     }, d)
     for name, run in sorted(runs.items()):  # shown with pytest -s
         print(f"{name}: rc={run.rc} " + " ".join(f"rank{r}={h[:16]}" for r, h in sorted(run.lines('DIGEST').items())))
@@ -143,6 +150,20 @@ def test_under_ddp_each_rank_resumes_its_shard_bitwise(runs):
     for rank in (0, 1):
         assert _after(straight.losses(rank), 4) == resumed.losses(rank)
     assert straight.losses(0) != straight.losses(1)  # the ranks saw different shards
+
+
+@needs_lightning
+@pytest.mark.parametrize("name", ["two", "two_mid", "two_max"])
+def test_two_train_loaders_saved_from_on_train_batch_end_resume_bitwise(runs, name):
+    """Each loader's position is its own (the short one is cycled, or exhausted, mid-epoch): they were refused as
+    "saved in the middle of a training step", comparing the short loader's position with Lightning's batch count."""
+    straight, resumed = runs[name], runs[f"{name}_resumed"]
+    at = 3 if name == "two_mid" else 4
+    assert straight.digests()[0] == resumed.digests()[0]  # both ran to the end (rc 0), with the same weights
+    assert sorted(straight.losses()) == list(range(1, 9))  # 8 steps: the epoch of 6 batches ends at step 6
+    assert sorted(resumed.losses()) == list(range(at + 1, 9))
+    assert _after(straight.losses(), at) == resumed.losses()
+    assert NOT_RESUMABLE not in resumed.stderr
 
 
 # --- loud errors: resumed in this process, they fail before the first training step ------------------------------
@@ -202,6 +223,10 @@ def test_a_damaged_callback_state_is_refused(runs, tmp_path):
      "holds damaged RNG states in its ReproducibleCallback state (is not a valid RNG state"),
     (lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"][0].update(batches_consumed=50),
      "is damaged or was written by another version: train dataloader 0 consumed 50 batches of an epoch of 3"),
+    (lambda c: c["callbacks"]["ReproducibleCallback"].update(data="garbage"),
+     "its ReproducibleCallback data field is not one list of 1 data fingerprint(s) per rank for 1 rank(s)"),
+    (lambda c: c["callbacks"]["ReproducibleCallback"]["data"][0][0].update(digest=7),
+     "its ReproducibleCallback data fingerprint of train dataloader 0 on rank 0 has a digest that is not 32 hex"),
 ])
 def test_damaged_rng_states_and_positions_are_refused_as_damaged(runs, tmp_path, edit, message):
     """Refused before the first step with ResumeMismatchError (a CheckpointError), saying to use an intact
@@ -230,6 +255,41 @@ def test_gradient_accumulation_changed_or_cut_is_refused(runs, tmp_path):
     with pytest.raises(ResumeMismatchError, match=r"was saved after batch 3 of epoch 0, in the middle of a gradient "
                        r"accumulation \(accumulate_grad_batches=2\): the gradients of the last 1 batch"):
         _train(["--resume", ckpt, *accumulate])
+
+
+@needs_lightning
+def test_a_resume_on_other_data_of_the_same_length_is_refused(runs):
+    """Same length, batch size and sampler: only the samples differ (they trained on silently). The samples
+    spread over the dataset (first, last, between) are fingerprinted at the save and at the resume."""
+    from torchrepro.integrations.lightning import ResumeMismatchError
+
+    with pytest.raises(ResumeMismatchError) as info:
+        _train(["--resume", str(runs["dir"] / "cb.ckpt"), "--callback", "--data-seed", "99"])
+    msg = str(info.value)
+    assert ("train dataloader 0 data: samples 0, 4, 7, 11 of its dataset differ from the saving run's (fingerprint "
+            "saved ") in msg
+    assert "dataset_len" not in msg and "batch_size" not in msg  # nothing else differs but the workers
+    assert ("Resume with the data the checkpoint was trained on (the same samples and transforms); to train these "
+            "weights on other data, load them without ckpt_path") in msg
+    # the same data in another object (and the same length) is accepted: only the workers differ
+    with pytest.raises(ResumeMismatchError) as info:
+        _train(["--resume", str(runs["dir"] / "cb.ckpt"), "--callback"])
+    assert " data: " not in str(info.value) and "num_workers: saved 2, this run 0" in str(info.value)
+
+
+@needs_lightning
+@pytest.mark.parametrize("loaders", [[], TWO], ids=["one-loader", "two-loaders"])
+def test_a_checkpoint_saved_in_the_middle_of_a_training_step_is_refused(tmp_path, loaders):
+    """Saved from on_train_batch_start of batch 3: Lightning resumes after batch 2, the loaders had given 3."""
+    from torchrepro.integrations.lightning import ResumeMismatchError
+
+    ckpt = str(tmp_path / "mid-step.ckpt")
+    _train(["--callback", *loaders, "--steps", "3", "--save-at", "2", "--save-hook", "on_train_batch_start",
+            "--ckpt", ckpt])
+    with pytest.raises(ResumeMismatchError, match=r"was saved after batch 3 of epoch 0 had been fetched, but Lightning "
+                       r"resumes after batch 2: the checkpoint was saved in the middle of a training step\. Save from "
+                       "on_train_batch_end"):
+        _train(["--callback", *loaders, "--steps", "6", "--resume", ckpt])
 
 
 @needs_lightning
@@ -315,7 +375,7 @@ def test_the_wrapped_loader_continues_where_its_state_says_and_is_still_the_load
     assert state["epoch"] == 0 and state["batches_consumed"] == 3 and state["batch_size"] == 2
     b = wrapped()
     b.load_state_dict(state)
-    assert b.replay(num_training_batches=len(b)) == 3
+    assert b.replay(epoch_over=False) == 3
     assert [x.tolist() for x in b] + [x.tolist() for x in b] == rest
     assert sorted(sum(first + rest[:3], [])) == list(range(12))
     assert b.dataset == range(12) and len(b) == 6
@@ -338,5 +398,45 @@ def test_a_position_at_the_end_of_an_epoch_replays_nothing_and_continues_with_th
     assert (state["epoch"], state["batches_consumed"]) == (0, 2) and epoch0 != epoch1
     b = wrapped()
     b.load_state_dict(state)
-    assert b.replay(num_training_batches=2) == 0
+    assert b.replay(epoch_over=True) == 0
     assert [x.tolist() for x in b] == epoch1 and b.state_dict()["epoch"] == 1
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Augmentation drawn from torch's global RNG: the same samples under the same seeds."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i)) + torch.rand(2)
+
+
+class Urandom(Noisy):
+    def __getitem__(self, i):
+        return torch.frombuffer(bytearray(os.urandom(8)), dtype=torch.uint8)
+
+
+class Keyed(Noisy):
+    def __getitem__(self, key):
+        return {"a": 1}[key]
+
+
+@needs_lightning
+def test_the_data_fingerprint_draws_nothing_and_says_why_it_has_no_digest():
+    """Read under fixed seeds with every RNG put back (training draws what it would without it); a dataset with
+    randomness from elsewhere, or one it cannot index by position, has no digest, and says why."""
+    from torchrepro.integrations.lightning import ReproducibleCallback, _data_fingerprint
+
+    before = torch.random.get_rng_state()
+    noisy = _data_fingerprint(Noisy(), [0, 7])
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert noisy == _data_fingerprint(Noisy(), [0, 7]) and len(noisy["digest"]) == 32 and noisy["note"] is None
+    assert noisy["digest"] != _data_fingerprint(Noisy(), [0, 6])["digest"]
+    loose = _data_fingerprint(Urandom(), [0, 7])
+    assert loose["digest"] is None and "samples 0, 7 differ between two reads under the same seeds" in loose["note"]
+    keyed = _data_fingerprint(Keyed(), [0])
+    assert keyed["digest"] is None and "samples 0 could not be read and digested (KeyError: 0)" in keyed["note"]
+    assert ReproducibleCallback(seed=0, data_samples=0).data_samples == 0
+    with pytest.raises(ValueError, match=r"data_samples=...\) takes a non-negative integer .*got -1"):
+        ReproducibleCallback(seed=0, data_samples=-1)

@@ -8,6 +8,7 @@ batches an epoch per rank, so step 4 is in the middle of the second epoch and st
     python lightning_train.py --steps 8 --resume a.ckpt --callback               # resumed from step 4
     python lightning_train.py --steps 4 --save-end b.ckpt --callback             # 4 steps, save after fit
     python lightning_train.py --steps 8 --callback --devices 2                   # DDP, gloo on CPU
+    python lightning_train.py --samples 24 --second 8 --callback                 # two train loaders (6 and 2 batches)
     torchrun --nproc-per-node 2 lightning_train.py --steps 8 --callback          # the same under torchrun
 
 Prints ``LOSSES rank=R step:loss ...`` (this rank's loss per step, as ``float.hex``) and ``DIGEST rank=R
@@ -35,8 +36,8 @@ except ImportError:  # the older namespace
 class Augmented(torch.utils.data.Dataset):
     """Fixed features plus noise drawn from all three global RNGs of whichever process loads the sample."""
 
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(1234)
+    def __init__(self, n: int, seed: int = 1234) -> None:
+        g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, 8, generator=g)
         self.y = torch.randn(n, 1, generator=g)
 
@@ -49,16 +50,18 @@ class Augmented(torch.utils.data.Dataset):
 
 
 class Net(pl.LightningModule):
-    def __init__(self, batch_size: int, workers: int, samples: int) -> None:
+    def __init__(self, batch_size: int, workers: int, samples: int, second: int = 0, mode: str = "max_size_cycle",
+                 data_seed: int = 1234) -> None:
         super().__init__()
         self.batch_size, self.workers, self.samples = batch_size, workers, samples
+        self.second, self.mode, self.data_seed = second, mode, data_seed
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
                                        torch.nn.Linear(16, 1))
         self.losses: list[str] = []  # "step:loss as float.hex()" of this rank, for the steps this process ran
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        pairs = [batch] if isinstance(batch, (list, tuple)) else [b for b in batch.values() if b is not None]
+        loss = sum(torch.nn.functional.mse_loss(self.net(x), y) for x, y in pairs)
         self.losses.append(f"{self.global_step + 1}:{loss.item().hex()}")
         return loss
 
@@ -72,21 +75,35 @@ class Net(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def train_dataloader(self):
-        return torch.utils.data.DataLoader(Augmented(self.samples), batch_size=self.batch_size, shuffle=True,
-                                           num_workers=self.workers)
+        def loader(n: int, seed: int):
+            return torch.utils.data.DataLoader(Augmented(n, seed), batch_size=self.batch_size, shuffle=True,
+                                               num_workers=self.workers)
+
+        first = loader(self.samples, self.data_seed)
+        if not self.second:
+            return first
+        loaders = {"a": first, "b": loader(self.second, self.data_seed + 1)}
+        if self.mode == "max_size_cycle":  # Lightning's default for a dict of loaders
+            return loaders
+        return pl.utilities.CombinedLoader(loaders, self.mode)
 
     def val_dataloader(self):  # runs after step 4 (the save) in the uninterrupted run; no generator of its own
         return torch.utils.data.DataLoader(Augmented(8), batch_size=4)
 
 
 class SaveAt(pl.Callback):
-    """``trainer.save_checkpoint(path)`` at the end of training step ``step`` (on every rank, as Lightning asks)."""
+    """``trainer.save_checkpoint(path)`` at the end of training step ``step`` (on every rank, as Lightning asks);
+    ``hook="on_train_batch_start"``: at the start of the next one (in the middle of a training step)."""
 
-    def __init__(self, step: int, path: str) -> None:
-        self.step, self.path = step, path
+    def __init__(self, step: int, path: str, hook: str = "on_train_batch_end") -> None:
+        self.step, self.path, self.hook = step, path, hook
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.hook == "on_train_batch_start" and trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
+        if self.hook == "on_train_batch_end" and trainer.global_step == self.step:
             trainer.save_checkpoint(self.path)
 
 
@@ -103,6 +120,7 @@ def main(argv: list[str] | None = None) -> Net:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--save-at", type=int, default=0, help="save at the end of this step (with --ckpt)")
     ap.add_argument("--ckpt", default="", help="where --save-at saves")
+    ap.add_argument("--save-hook", default="on_train_batch_end", choices=["on_train_batch_end", "on_train_batch_start"])
     ap.add_argument("--save-end", default="", help="save here after fit returns")
     ap.add_argument("--resume", default="", help="fit(ckpt_path=...)")
     ap.add_argument("--callback", action="store_true", help="add torchrepro's ReproducibleCallback")
@@ -114,6 +132,9 @@ def main(argv: list[str] | None = None) -> Net:
     ap.add_argument("--devices", type=int, default=1, help="ranks of DDP on CPU (torchrun: its WORLD_SIZE)")
     ap.add_argument("--sanity", type=int, default=0, help="Lightning's num_sanity_val_steps (validation before fit)")
     ap.add_argument("--accumulate", type=int, default=1, help="Lightning's accumulate_grad_batches")
+    ap.add_argument("--second", type=int, default=0, help="samples of a second train loader (a dict of two loaders)")
+    ap.add_argument("--mode", default="max_size_cycle", help="the CombinedLoader mode of the two train loaders")
+    ap.add_argument("--data-seed", type=int, default=1234, help="seed of the training data's features and targets")
     args = ap.parse_args(argv)
 
     pl.seed_everything(args.seed, workers=True, verbose=False)
@@ -123,7 +144,7 @@ def main(argv: list[str] | None = None) -> Net:
 
         callbacks.append(ReproducibleCallback(seed=args.seed if args.callback_seed is None else args.callback_seed))
     if args.save_at:
-        callbacks.append(SaveAt(args.save_at, args.ckpt))
+        callbacks.append(SaveAt(args.save_at, args.ckpt, args.save_hook))
     ranks = int(os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("WORLD_SIZE") or args.devices)
     trainer = pl.Trainer(
         max_steps=args.steps, accelerator="cpu", devices=ranks, strategy="ddp" if ranks > 1 else "auto",
@@ -132,7 +153,7 @@ def main(argv: list[str] | None = None) -> Net:
         accumulate_grad_batches=args.accumulate,
         val_check_interval=4, check_val_every_n_epoch=None, limit_val_batches=1,
     )
-    model = Net(args.batch_size, args.workers, args.samples)
+    model = Net(args.batch_size, args.workers, args.samples, args.second, args.mode, args.data_seed)
     trainer.fit(model, ckpt_path=args.resume or None)
     if args.save_end:
         trainer.save_checkpoint(args.save_end)

@@ -21,6 +21,11 @@ How (the Lightning names it relies on are listed in ``LIGHTNING_API``):
   them), which leaves every worker's RNG stream where it was.
 * The callback's own state holds every rank's RNG states (Python, NumPy, torch CPU and CUDA) taken at the save;
   they are put back right before the first batch after the resume, once the replay is done.
+* Several train loaders (a dict or list, or a ``CombinedLoader``) are each wrapped: each keeps its own position
+  (a short loader that Lightning cycles starts a new pass of its own), and the resume is checked against the
+  number of batches Lightning had fetched, saved beside the RNG states.
+* A fingerprint of a few samples of each train dataset (read in the training process under fixed seeds, every
+  RNG put back after) is saved too, so a resume on other data of the same length is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, cast
 
@@ -48,9 +54,11 @@ except ModuleNotFoundError as _exc:  # fall back to the older namespace, then fa
 
 import torch
 
+from .._core.compat import np
 from .._core.errors import CheckpointError, StateFileError
+from .._core.fingerprint import fingerprint_object
 from ..control._seeds import derive_seed, seed_from_env, validate_seed
-from ..control.rng import RNGState
+from ..control.rng import RNGState, isolate_rng
 from ..record.recorder import unrecorded_batches
 
 __all__ = ["LIGHTNING_API", "ReproducibleCallback", "ResumeMismatchError"]
@@ -74,6 +82,9 @@ LIGHTNING_API = (
 
 # the loader settings a resume must share with the saving run, and the callback's own
 _LOADER_KEYS = ("batch_size", "dataset_len", "batches_per_epoch", "drop_last", "sampler", "num_workers")
+
+DATA_SAMPLES = 4  # samples of each train dataset fingerprinted (spread over it: the first, the last, between)
+_DATA_SEED = 0  # the seed of every RNG while they are read (a dataset that augments draws the same numbers)
 
 
 _DAMAGED = ("Resume from an intact checkpoint saved with ReproducibleCallback (an earlier one, or save again), or "
@@ -142,12 +153,16 @@ class _ResumableTrainLoader:
     1
     """
 
-    _OWN = frozenset({"loader", "seed", "rank", "epoch", "batches_consumed", "pending", "started",
-                      "_before_first_batch", "_order_gen", "_worker_gen", "_replayed"})
+    _OWN = frozenset({"loader", "seed", "rank", "epoch", "batches_consumed", "pending", "started", "data",
+                      "_before_first_batch", "_order_gen", "_worker_gen", "_replayed", "_stream"})
 
     def __init__(self, loader: Loader, *, seed: int, rank: int, first_epoch: int,
-                 before_first_batch: Callable[[], None]) -> None:
+                 before_first_batch: Callable[[], None], index: int = 0, data_samples: int = 0) -> None:
         self.loader, self.seed, self.rank = loader, seed, rank
+        # train loader 0 keeps the seeds of a single loader; each further one draws its own order and worker seeds
+        self._stream: tuple[int | str, ...] = () if index == 0 else ("loader", index)
+        self.data = _data_fingerprint(loader.dataset, _sample_indices(len(cast(Sized, loader.dataset)),
+                                                                      data_samples))
         self._before_first_batch = before_first_batch
         self.epoch, self.batches_consumed = first_epoch, 0
         self.started = False  # whether an epoch has begun: the next iteration is then epoch + 1
@@ -180,7 +195,9 @@ class _ResumableTrainLoader:
 
     def _batches(self) -> Iterator[Any]:
         self._before_first_batch()  # after a resume: replay every train loader, then restore the RNG states
-        batches = self._replayed or self._start_epoch(self.epoch + 1 if self.started else self.epoch)
+        batches = self._replayed
+        if batches is None:  # a new pass: Lightning's next epoch, or a short loader that it cycles
+            batches = self._start_epoch(self.epoch + 1 if self.started else self.epoch)
         self._replayed = None
         for batch in batches:
             self.batches_consumed += 1
@@ -189,24 +206,27 @@ class _ResumableTrainLoader:
     def _start_epoch(self, epoch: int) -> Iterator[Any]:
         """A new iterator over ``epoch`` from its first batch, its order and worker seeds fixed by the epoch."""
         self.epoch, self.batches_consumed, self.started = epoch, 0, True
-        self._order_gen.manual_seed(derive_seed(self.seed, "lightning", "order", epoch))
-        self._worker_gen.manual_seed(derive_seed(self.seed, "lightning", "workers", epoch, "rank", self.rank))
+        self._order_gen.manual_seed(derive_seed(self.seed, "lightning", "order", epoch, *self._stream))
+        self._worker_gen.manual_seed(derive_seed(self.seed, "lightning", "workers", epoch, "rank", self.rank,
+                                                 *self._stream))
         for obj in _samplers(self.loader):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)  # DistributedSampler; Lightning calls it too, but after a resume too late
         return iter(self.loader)
 
-    def replay(self, num_training_batches: int | float) -> int:
+    def replay(self, *, epoch_over: bool) -> int:
         """Continue the pending position: start its epoch and drop the batches consumed; return how many.
 
-        A position at the end of an epoch (all ``num_training_batches`` consumed) replays nothing: the next
-        iteration starts the next epoch.
+        ``epoch_over``: the checkpoint was saved at the end of Lightning's epoch; nothing is replayed and the next
+        iteration starts the next epoch. Otherwise the position is replayed even when it is the end of this
+        loader's pass (a loader shorter than the epoch): the iterator is then exhausted, as it was in the saving
+        run, and Lightning cycles it (``max_size_cycle``: a new pass starts) or leaves it (``max_size``).
         """
         if self.pending is None:
             return 0
         epoch, consumed = int(self.pending["epoch"]), int(self.pending["batches_consumed"])
         self.pending = None
-        if consumed >= num_training_batches:  # the next iteration starts epoch + 1
+        if epoch_over:  # the next iteration starts epoch + 1
             self.epoch, self.batches_consumed, self.started = epoch, consumed, True
             return 0
         batches = self._start_epoch(epoch)
@@ -255,6 +275,70 @@ def _loader_state_problem(state: Any) -> str | None:
     return None
 
 
+# --- which data: a fingerprint of a few samples of each train dataset ---------------------------------------------
+def _sample_indices(length: int, count: int) -> list[int]:
+    """``count`` indices spread over a dataset of ``length`` samples: the first, the last and evenly between.
+
+    >>> _sample_indices(12, 4), _sample_indices(2, 4), _sample_indices(12, 0)
+    ([0, 4, 7, 11], [0, 1], [])
+    """
+    count = min(count, length)
+    if count <= 0:
+        return []
+    if count == 1:
+        return [0]
+    return sorted({round(i * (length - 1) / (count - 1)) for i in range(count)})
+
+
+def _data_fingerprint(dataset: Any, indices: list[int]) -> dict[str, Any]:
+    """``{"indices", "digest", "note"}``: the digest of ``dataset[i]`` for ``indices``, or None and why not.
+
+    The samples are read twice, each time with every RNG seeded with ``_DATA_SEED`` (so augmentation drawn from
+    torch, NumPy or ``random`` is the same in every run) and put back after: training draws the same numbers as
+    without the check. Samples that differ between the two reads (randomness from elsewhere) or that cannot be
+    read or digested give no digest: the note says why, and a resume then does not compare the data.
+    """
+    if not indices:
+        return {"indices": [], "digest": None, "note": "no samples are fingerprinted (data_samples=0)"}
+    digests = []
+    try:
+        for _ in range(2):
+            with isolate_rng():
+                random.seed(_DATA_SEED)
+                if np is not None:
+                    np.random.seed(_DATA_SEED)
+                torch.manual_seed(_DATA_SEED)
+                digests.append(fingerprint_object([dataset[i] for i in indices]))
+    except Exception as exc:  # a dataset's own error (not int-indexable, a file, ...) or a sample not digestible
+        text = str(exc).split("\n")[0][:200]
+        return {"indices": indices, "digest": None,
+                "note": f"its samples {_listed(indices)} could not be read and digested ({type(exc).__name__}: {text})"}
+    if digests[0] != digests[1]:
+        return {"indices": indices, "digest": None,
+                "note": f"its samples {_listed(indices)} differ between two reads under the same seeds (the dataset "
+                        "draws randomness from elsewhere than torch, NumPy and random: the clock, os.urandom, a file)"}
+    return {"indices": indices, "digest": digests[0], "note": None}
+
+
+def _listed(indices: list[int]) -> str:
+    return ", ".join(map(str, indices))
+
+
+def _data_entry_problem(entry: Any) -> str | None:
+    """What is wrong with one saved data fingerprint, or None."""
+    if not isinstance(entry, dict) or set(entry) != {"indices", "digest", "note"}:
+        return "is not a dict of indices, digest and note"
+    indices, digest, note = entry["indices"], entry["digest"], entry["note"]
+    if not isinstance(indices, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                for i in indices):
+        return "has indices that are not a list of non-negative integers"
+    if digest is not None and (not isinstance(digest, str) or len(digest) != 32):
+        return "has a digest that is not 32 hex digits"
+    if digest is None and not isinstance(note, str):
+        return "has neither a digest nor a note"
+    return None
+
+
 # --- RNG states of every rank --------------------------------------------------------------------------------
 def _gather_text(trainer: Any, text: str) -> list[str]:
     """``text`` from every rank, in rank order (a collective: every rank must call it)."""
@@ -298,15 +382,25 @@ class ReproducibleCallback(pl.Callback):
 
     ``seed`` fixes each epoch's shuffle order and DataLoader worker seeds (default: the seed of Lightning's
     ``seed_everything``). The callback stores the data position and every rank's RNG states in the checkpoint;
-    resuming a checkpoint without them, or from a run with another seed, world size, batch size or dataset
-    length, raises :class:`ResumeMismatchError` naming each difference. It records nothing else and writes no
+    resuming a checkpoint without them, or from a run with another seed, world size, batch size, dataset length
+    or data, raises :class:`ResumeMismatchError` naming each difference. It records nothing else and writes no
     files.
+
+    ``data_samples`` (default 4): how many samples of each train dataset are read when ``fit`` starts, in the
+    training process, to fingerprint the data (spread over the dataset, the first and the last included); 0
+    turns the data check off (for a dataset that must not be read before its workers start, such as one opening
+    an HDF5 file on first access).
 
     >>> trainer = pl.Trainer(callbacks=[ReproducibleCallback(seed=0)])  # doctest: +SKIP
     >>> trainer.fit(model, ckpt_path="mid-epoch.ckpt")                   # doctest: +SKIP
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, *, data_samples: int = DATA_SAMPLES) -> None:
+        if isinstance(data_samples, bool) or not isinstance(data_samples, int) or data_samples < 0:
+            raise ValueError(f"ReproducibleCallback(data_samples=...) takes a non-negative integer (how many samples "
+                             f"of each train dataset to fingerprint; 0 turns the data check off), got "
+                             f"{data_samples!r}.")
+        self.data_samples = data_samples
         self._given_seed = None if seed is None else validate_seed(seed)
         self.seed: int | None = self._given_seed
         self._trainer: Any = None
@@ -315,6 +409,7 @@ class ReproducibleCallback(pl.Callback):
         self._saved: dict[str, Any] | None = None  # this callback's state from the checkpoint resumed from
         self._rng_to_restore: RNGState | None = None
         self._resume_pending = False
+        self._saved_position: tuple[int, int] | None = None  # (epoch, batches Lightning had fetched) at the save
         self._original_process: Any = None
         self._rng_outside_validation: RNGState | None = None
 
@@ -360,11 +455,12 @@ class ReproducibleCallback(pl.Callback):
         if problem:
             raise TypeError(f"ReproducibleCallback cannot make this train dataloader resumable bit for bit: {problem}.")
         assert isinstance(dataloader, torch.utils.data.DataLoader) and self.seed is not None  # checked; setup()
-        wrapped = _ResumableTrainLoader(dataloader, seed=self.seed, rank=trainer.global_rank,
-                                        first_epoch=trainer.current_epoch,
-                                        before_first_batch=self._before_first_batch)
         if any(loader.started for loader in self._loaders):  # a reload: these replace the loaders of last time
             self._loaders = []
+        wrapped = _ResumableTrainLoader(dataloader, seed=self.seed, rank=trainer.global_rank,
+                                        first_epoch=trainer.current_epoch,
+                                        before_first_batch=self._before_first_batch, index=len(self._loaders),
+                                        data_samples=self.data_samples)
         self._loaders.append(wrapped)
         return wrapped
 
@@ -380,14 +476,19 @@ class ReproducibleCallback(pl.Callback):
 
     # --- saving ------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every rank's RNG states (gathered: Lightning writes rank 0's checkpoint) and the configuration."""
+        """Every rank's RNG states and data fingerprints (gathered: Lightning writes rank 0's checkpoint), where
+        Lightning's epoch was, and the configuration."""
         trainer = self._trainer
         if trainer is None:
             return {}
         state = self._rng_to_restore or RNGState.capture()  # not yet restored after a resume: the saved one
-        texts = _gather_text(trainer, json.dumps(state.to_json()))
+        mine = {"rng": state.to_json(), "data": [loader.data for loader in self._loaders]}
+        ranks = [json.loads(t) for t in _gather_text(trainer, json.dumps(mine))]
+        # not yet replayed after a resume: the position that was resumed, else how many batches Lightning fetched
+        epoch, batches = self._saved_position or (trainer.current_epoch, _epoch_loop_ready(trainer))
         return {"format": FORMAT, "version": VERSION, "seed": self.seed, "world_size": trainer.world_size,
-                "train_loaders": len(self._loaders), "rng": [json.loads(t) for t in texts],
+                "train_loaders": len(self._loaders), "rng": [r["rng"] for r in ranks],
+                "data": [r["data"] for r in ranks], "fit_epoch": epoch, "fit_batches": batches,
                 "accumulate_grad_batches": trainer.accumulate_grad_batches}
 
     # --- resuming ----------------------------------------------------------------------------------------------
@@ -420,12 +521,57 @@ class ReproducibleCallback(pl.Callback):
         except StateFileError as exc:
             raise _resume_error(trainer, f"holds damaged RNG states in its ReproducibleCallback state ({exc.problem})"
                                 ".", _DAMAGED) from None
-        problems = self._config_problems(trainer, saved)
+        data = self._data_problems(trainer, saved)  # a collective under DDP: before any rank's own refusal
+        problems = self._config_problems(trainer, saved) + data
         if problems:
+            action = ("Resume with the settings of the run that saved it (seed, devices, batch size, gradient "
+                      "accumulation, dataset), or start a new run without ckpt_path.")
+            if data:
+                action = ("Resume with the data the checkpoint was trained on (the same samples and transforms); to "
+                          "train these weights on other data, load them without ckpt_path (e.g. "
+                          "YourModule.load_from_checkpoint(path)) and start a new fit. " + action)
             raise _resume_error(trainer, "cannot be continued bit for bit by this run: " + "; ".join(problems) + ".",
-                                "Resume with the settings of the run that saved it (seed, devices, batch size, "
-                                "gradient accumulation, dataset), or start a new run without ckpt_path.")
+                                action)
         self._rng_to_restore, self._resume_pending = states[trainer.global_rank], True
+        self._saved_position = self._position_at_save(saved)
+
+    def _position_at_save(self, saved: dict[str, Any]) -> tuple[int, int]:
+        """(Lightning's epoch, batches it had fetched in it) at the save; from train loader 0 in older states."""
+        if "fit_batches" in saved:
+            return saved["fit_epoch"], saved["fit_batches"]
+        pending = self._loaders[0].pending if self._loaders else None
+        return (pending["epoch"], pending["batches_consumed"]) if pending else (0, 0)
+
+    def _data_problems(self, trainer: Any, saved: dict[str, Any]) -> list[str]:
+        """Every train dataset whose fingerprinted samples differ from the saving run's (every rank's, so that
+        all ranks refuse together). A dataset fingerprinted in neither run is logged, not compared."""
+        saved_data = saved.get("data")
+        if self.data_samples == 0 or saved["world_size"] != trainer.world_size:  # off; or refused for the latter
+            return []
+        if saved_data is None:  # a state written before data fingerprints
+            log.warning("torchrepro: %s holds no data fingerprints (saved by an older torchrepro): the data of this "
+                        "run are not compared with the checkpoint's", trainer.ckpt_path)
+            return []
+        mine = []
+        for loader, then in zip(self._loaders, saved_data[trainer.global_rank]):
+            indices = then["indices"]  # the samples the saving run read (it may have read more or fewer)
+            fits = bool(indices) and max(indices) < len(cast(Sized, loader.dataset))
+            mine.append(_data_fingerprint(loader.dataset, indices) if fits and indices != loader.data["indices"]
+                        else loader.data)
+        now = [json.loads(t) for t in _gather_text(trainer, json.dumps(mine))]
+        problems = []
+        for rank, (then_rank, now_rank) in enumerate(zip(saved_data, now)):
+            where = f" on rank {rank}" if trainer.world_size > 1 else ""
+            for i, (then, current) in enumerate(zip(then_rank, now_rank)):
+                if then["digest"] is None or current["digest"] is None:
+                    if rank == trainer.global_rank:
+                        log.warning("torchrepro: the data of train dataloader %d%s are not compared with the "
+                                    "checkpoint's: %s", i, where, then["note"] or current["note"])
+                elif then["indices"] == current["indices"] and then["digest"] != current["digest"]:
+                    problems.append(f"train dataloader {i}{where} data: samples {_listed(then['indices'])} of its "
+                                    f"dataset differ from the saving run's (fingerprint saved {then['digest']}, this "
+                                    f"run {current['digest']})")
+        return problems
 
     def _damaged_positions(self) -> list[str]:
         """Saved positions that no run could have written (more batches consumed than an epoch has)."""
@@ -467,30 +613,40 @@ class ReproducibleCallback(pl.Callback):
         return problems
 
     def _before_first_batch(self) -> None:
-        """At the first batch after a resume: replay every train loader's consumed batches, restore the RNGs."""
+        """At the first batch after a resume: replay every train loader's consumed batches, restore the RNGs.
+
+        Whether the save fell between two training steps is judged on Lightning's count of the batches it had
+        fetched in its epoch (saved with the RNG states), not on a loader's own position: with several train
+        loaders a short one is cycled (``max_size_cycle``) or exhausted (``max_size``) and counts otherwise.
+        """
         if not self._resume_pending:
             return
         self._resume_pending = False
         trainer = self._trainer
         ready = _epoch_loop_ready(trainer)
+        (epoch, fetched), self._saved_position = self._saved_position or (0, ready), None
+        mid_epoch = fetched < trainer.num_training_batches
+        # Lightning resumes after the batches it had completed: all it had fetched, or (saved at the end of the
+        # epoch, from on_train_batch_end) none of the next epoch. A save inside a step, the epoch's last included,
+        # leaves that step's batch fetched but not completed.
+        if fetched != ready and (mid_epoch or ready != 0):
+            raise _resume_error(trainer, f"was saved after batch {fetched} of epoch {epoch} had been fetched, but "
+                                f"Lightning resumes after batch {ready}: the checkpoint was saved in the middle of a "
+                                "training step.",
+                                "Save from on_train_batch_end (as ModelCheckpoint does) or after fit returns.")
+        accumulate = trainer.accumulate_grad_batches
+        if mid_epoch and fetched % accumulate:
+            raise _resume_error(trainer, f"was saved after batch {fetched} of epoch {epoch}, in the middle of a "
+                                f"gradient accumulation (accumulate_grad_batches={accumulate}): the gradients of "
+                                f"the last {fetched % accumulate} batch(es) are not in the checkpoint, so the "
+                                "resumed run would step without them.",
+                                "Save at an optimizer step (ModelCheckpoint(every_n_train_steps=...) does), "
+                                "or resume from such a checkpoint.")
         for i, loader in enumerate(self._loaders):
-            epoch, consumed = loader.position()
-            mid_epoch = consumed < trainer.num_training_batches
-            if mid_epoch and consumed != ready:
-                raise _resume_error(trainer, f"was saved after batch {consumed} of epoch {epoch} of train dataloader "
-                                    f"{i} had been fetched, but Lightning resumes after batch {ready}: the "
-                                    "checkpoint was saved in the middle of a training step.",
-                                    "Save from on_train_batch_end (as ModelCheckpoint does) or after fit returns.")
-            accumulate = trainer.accumulate_grad_batches
-            if mid_epoch and consumed % accumulate:
-                raise _resume_error(trainer, f"was saved after batch {consumed} of epoch {epoch}, in the middle of a "
-                                    f"gradient accumulation (accumulate_grad_batches={accumulate}): the gradients of "
-                                    f"the last {consumed % accumulate} batch(es) are not in the checkpoint, so the "
-                                    "resumed run would step without them.",
-                                    "Save at an optimizer step (ModelCheckpoint(every_n_train_steps=...) does), "
-                                    "or resume from such a checkpoint.")
-            replayed = loader.replay(trainer.num_training_batches)
-            log.info("torchrepro: train dataloader %d resumes epoch %d after %d replayed batches", i, epoch, replayed)
+            loader_epoch, _ = loader.position()
+            replayed = loader.replay(epoch_over=not mid_epoch)
+            log.info("torchrepro: train dataloader %d resumes its pass %d after %d replayed batches", i, loader_epoch,
+                     replayed)
         rng, self._rng_to_restore = self._rng_to_restore, None
         if rng is not None:
             rng.restore(source=f"{trainer.ckpt_path} (RNG states)")
@@ -511,7 +667,23 @@ def _state_problems(saved: Any) -> list[str]:
         return [f"its ReproducibleCallback state holds RNG states for {len(saved['rng'])} rank(s), expected "
                 f"{saved['world_size']}" if isinstance(saved["rng"], list) else
                 "its ReproducibleCallback rng field is not a list"]
-    return []
+    problems = []
+    if "fit_batches" in saved or "fit_epoch" in saved:
+        for key in ("fit_epoch", "fit_batches"):
+            value = saved.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"its ReproducibleCallback state has {key}={value!r}, expected a non-negative integer")
+    data = saved.get("data")
+    if data is not None:
+        if not isinstance(data, list) or len(data) != saved["world_size"] or not all(
+                isinstance(rank, list) and len(rank) == saved["train_loaders"] for rank in data):
+            problems.append(f"its ReproducibleCallback data field is not one list of {saved['train_loaders']!r} data "
+                            f"fingerprint(s) per rank for {saved['world_size']!r} rank(s)")
+        else:
+            problems += [f"its ReproducibleCallback data fingerprint of train dataloader {i} on rank {r} {problem}"
+                         for r, rank in enumerate(data) for i, entry in enumerate(rank)
+                         if (problem := _data_entry_problem(entry))]
+    return problems
 
 
 def _quiet(dataloader: object, seed: int | None) -> None:
