@@ -221,3 +221,30 @@ def test_truncated_or_corrupt_values_file(tmp_path, damage):
         compare_runs(runs)
     msg = str(exc.value)
     assert "cannot be read" in msg and "may be truncated or corrupt" in msg and "weights_only" not in msg
+
+
+def test_optimizer_state_only_one_command_has_is_never_within_a_tolerance(tmp_path):
+    """compare --rtol: B's SGD keeps momentum (momentum 0.9), A's none (0). Nothing could be compared by value, and
+    the verdict was EQUIVALENT with exit 0: a tensor one side lacks is out of any tolerance, saying why."""
+    from torchrepro.analysis.crossrun import compare_commands
+    from torchrepro.analysis.tolerance import Tolerance
+
+    runs = []
+    for name, state in (("a", {}), ("b", {"fc.weight.momentum_buffer": _fp("m")})):
+        d = tmp_path / name
+        w = TraceWriter(d)
+        w.write({"kind": "init", "t": 0.0, "params": {p: _fp("init", p) for p in NAMES}})
+        w.write({"kind": "step", "n": 1, "opt": 0, "t": 1.0, "losses": [{"value": (0.5).hex(), "fp": _fp("l")}],
+                 "batches": [_fp("x")], "grads": {p: _fp("g", p) for p in NAMES},
+                 "params": {p: _fp("p", p) for p in NAMES}, "state": state, "lr": [0.1]})
+        w.write({"kind": "final", "t": 2.0, "params": {p: _fp("p", p) for p in NAMES}})
+        w.close()
+        write_manifest(d, {"command": ["python", "train.py", name], "step_mode": "optimizer", "steps": 1,
+                           "trace_records": w.records})
+        runs.append(load_run(d))
+    result = compare_commands(runs[0], runs[1], Tolerance(rtol=1e-4))
+    assert result.verdict == "diverged"
+    first = result.first_out
+    assert first is not None and (first.step, first.kind, first.tensor) == (1, "state", "fc.weight.momentum_buffer")
+    assert first.reason == ("in B only: A has no optimizer state tensor of that name, so it cannot be compared")
+    assert first.within is False and result.bitwise_only == []

@@ -215,15 +215,24 @@ class _Values:
         return self._cache[name]
 
 
-def _tensor_entries(step: int, kind: str, names: list[str], snapshot: str, values: _Values,
-                    tol: Tolerance) -> list[Entry]:
+def _tensor_entries(step: int, kind: str, ma: dict[str, Any] | None, mb: dict[str, Any] | None, snapshot: str,
+                    values: _Values, tol: Tolerance, skip: set[str] | frozenset[str] = frozenset()) -> list[Entry]:
+    """The differing tensors of one kind at one step (``ma``/``mb``: the two traces' name -> fingerprint), each
+    with its values compared. A tensor that only one command has cannot be within a tolerance: it is out, saying
+    so (B's optimizer keeps momentum A's has not)."""
+    ma, mb = ma or {}, mb or {}
     va, vb = values.pair(snapshot)
     out = []
-    for name in names:
+    for name in _diff_names(ma, mb):
+        if name in skip:
+            continue
         x, y = (va or {}).get(name), (vb or {}).get(name)
         delta = value_delta(x, y, tol) if x is not None and y is not None else None
         reason = None
-        if x is not None and y is not None and delta is None:
+        if name not in ma or name not in mb:
+            only, other = ("B", "A") if name not in ma else ("A", "B")
+            reason = f"in {only} only: {other} has no {LABELS[kind]} tensor of that name, so it cannot be compared"
+        elif x is not None and y is not None and delta is None:
             reason = f"shapes differ: {list(x.shape)} in A, {list(y.shape)} in B"
         out.append(Entry(step, kind, name, delta, reason))
     return out
@@ -258,25 +267,22 @@ def _entries(a: Run, b: Run, tol: Tolerance) -> tuple[list[Entry], int]:
     out: list[Entry] = []
     ia, ib = a.of_kind("init"), b.of_kind("init")
     if ia and ib:
-        out += _tensor_entries(0, "init", _diff_names(ia[0].get("params"), ib[0].get("params")), "init", values, tol)
+        out += _tensor_entries(0, "init", ia[0].get("params"), ib[0].get("params"), "init", values, tol)
     sa, sb = a.steps(), b.steps()
     for k, (x, y) in enumerate(zip(sa, sb), start=1):
         if (x.get("batches") or []) != (y.get("batches") or []):
             out.append(Entry(k, "batches", "batch", None, "the data batches differ (they are fingerprinted, not "
                              "kept, so they can only be compared bitwise)"))
         out += _loss_entries(k, x, y, mode, tol)
-        out += _tensor_entries(k, "grads", _diff_names(x.get("grads"), y.get("grads")), f"grads_{k:06d}",
-                               values, tol)
-        out += _tensor_entries(k, "params", _diff_names(x.get("params"), y.get("params")),
-                               _values_name(k, mode), values, tol)
-        out += _tensor_entries(k, "state", _diff_names(x.get("state"), y.get("state")), f"state_{k:06d}",
-                               values, tol)
+        out += _tensor_entries(k, "grads", x.get("grads"), y.get("grads"), f"grads_{k:06d}", values, tol)
+        out += _tensor_entries(k, "params", x.get("params"), y.get("params"), _values_name(k, mode), values, tol)
+        out += _tensor_entries(k, "state", x.get("state"), y.get("state"), f"state_{k:06d}", values, tol)
     n = min(len(sa), len(sb))
     fa, fb = a.of_kind("final"), b.of_kind("final")
     if fa and fb and len(sa) == len(sb):
-        final = _diff_names(fa[0].get("params"), fb[0].get("params"))
         last = {e.tensor for e in out if e.step == n and e.kind == "params"}
-        out += _tensor_entries(n + 1, "params", [t for t in final if t not in last], "final", values, tol)
+        out += _tensor_entries(n + 1, "params", fa[0].get("params"), fb[0].get("params"), "final", values, tol,
+                               skip=last)
     if len(sa) != len(sb):
         out.append(Entry(n + 1, "steps", "steps", None, f"A ran {len(sa)} steps, B {len(sb)}"))
     order = {k: i for i, k in enumerate(KINDS)}
