@@ -248,3 +248,98 @@ def test_optimizer_state_only_one_command_has_is_never_within_a_tolerance(tmp_pa
     assert first is not None and (first.step, first.kind, first.tensor) == (1, "state", "fc.weight.momentum_buffer")
     assert first.reason == ("in B only: A has no optimizer state tensor of that name, so it cannot be compared")
     assert first.within is False and result.bitwise_only == []
+
+
+# --- mutation gaps (issue 37): what a broken comparison would have let through --------------------------------
+def _run_with(tmp_path: Path, name: str, steps: list[dict], *, command=CMD, init=None, final=None):
+    """A run directory from explicit step records (``grads``/``params``/``state`` maps, ``loss`` value)."""
+    d = tmp_path / name
+    w = TraceWriter(d)
+    w.write({"kind": "init", "t": 0.0, "params": init or {p: _fp("init", p) for p in NAMES}})
+    for k, s in enumerate(steps, start=1):
+        loss = s.get("loss", 1.0 / k)
+        w.write({"kind": "step", "n": k, "opt": 0, "t": float(k),
+                 "losses": [{"value": float(loss).hex(), "fp": s.get("loss_fp", _fp("loss", loss))}],
+                 "batches": [_fp("batch", k)], "grads": s.get("grads", {p: _fp("g", k, p) for p in NAMES}),
+                 "params": s.get("params", {p: _fp("p", k, p) for p in NAMES}),
+                 "state": s.get("state", {}), "lr": [0.1]})
+    w.write({"kind": "final", "t": len(steps) + 1.0,
+             "params": final or {p: _fp("p", len(steps), p) for p in NAMES}})
+    w.close()
+    write_manifest(d, {"command": list(command), "step_mode": "optimizer", "steps": len(steps),
+                       "trace_records": w.records})
+    return d
+
+
+def test_a_gradient_or_state_entry_only_run_2_has_is_a_difference(tmp_path):
+    a = _run_with(tmp_path, "a", [{}, {}])
+    b = _run_with(tmp_path, "b", [{}, {"state": {"fc.weight.momentum_buffer": _fp("m")},
+                                       "grads": {**{p: _fp("g", 2, p) for p in NAMES}, "extra.grad": _fp("e")}}])
+    r = compare_runs([load_run(a), load_run(b)])
+    assert r.verdict == "diverged" and r.first_step == 2
+    assert [(d.kind, d.names) for d in r.first] == [("grads", ["extra.grad"]),
+                                                    ("state", ["fc.weight.momentum_buffer"])]
+
+
+def test_parameters_differing_only_in_the_final_record_are_reported_there(tmp_path):
+    final_b = {"fc.weight": _fp("nudged"), "fc.bias": _fp("p", 2, "fc.bias")}
+    va = {"step_000002": {"fc.weight": torch.zeros(2), "fc.bias": torch.zeros(1)},
+          "final": {"fc.weight": torch.zeros(2), "fc.bias": torch.zeros(1)}}
+    vb = {"step_000002": {"fc.weight": torch.zeros(2), "fc.bias": torch.zeros(1)},
+          "final": {"fc.weight": torch.tensor([0.0, 0.5]), "fc.bias": torch.zeros(1)}}
+    a = _run_with(tmp_path, "a", [{}, {}])
+    b = _run_with(tmp_path, "b", [{}, {}], final=final_b)
+    for d, v in ((a, va), (b, vb)):
+        for name, tensors in v.items():
+            torch.save(tensors, d / "values" / f"{name}.pt")
+    r = compare_runs([load_run(a), load_run(b)])
+    assert r.verdict == "diverged" and r.final_max_abs_delta == 0.5 and r.final_max_abs_delta_tensor == "fc.weight"
+    assert r.param_delta == {2: 0.0}  # the last step has its entry: equal there
+    assert r.params_identical is False
+
+
+def test_a_lower_loss_in_run_2_is_a_positive_delta(tmp_path):
+    a = _run_with(tmp_path, "a", [{"loss": 1.0}, {"loss": 0.75}])
+    b = _run_with(tmp_path, "b", [{"loss": 1.0}, {"loss": 0.5}])
+    r = compare_runs([load_run(a), load_run(b)])
+    assert r.loss_delta == [0.0, 0.25]
+
+
+def test_the_same_loss_fingerprint_with_other_exact_values_is_a_difference(tmp_path):
+    a = _run_with(tmp_path, "a", [{"loss": 0.5, "loss_fp": _fp("same")}])
+    b = _run_with(tmp_path, "b", [{"loss": 0.5000001, "loss_fp": _fp("same")}])
+    r = compare_runs([load_run(a), load_run(b)])
+    assert r.verdict == "diverged" and [d.kind for d in r.first] == ["loss"]
+
+
+def test_minus_zero_against_zero_names_the_tensor_and_initial_weights_make_parameters_not_identical(tmp_path):
+    init_b = {"fc.weight": _fp("init", "fc.weight"), "fc.bias": _fp("minus zero")}
+    a = _run_with(tmp_path, "a", [{}])
+    b = _run_with(tmp_path, "b", [{}], init=init_b)
+    for d, bias in ((a, 0.0), (b, -0.0)):
+        torch.save({"fc.weight": torch.ones(2), "fc.bias": torch.tensor([bias])}, d / "values" / "init.pt")
+    r = compare_runs([load_run(a), load_run(b)])
+    assert r.cause == "initial-weights" and r.first[0].names == ["fc.bias"]
+    assert r.params_identical is False
+    delta = tensor_delta(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert delta is not None and not delta.equal and delta.max_abs == 0
+
+
+def test_two_commands_with_another_shape_are_not_comparable(tmp_path):
+    va = {"init": {"fc.weight": torch.zeros(3, 4), "fc.bias": torch.zeros(3)}}
+    vb = {"init": {"fc.weight": torch.zeros(4, 4), "fc.bias": torch.zeros(3)}}
+    runs = [make_run(tmp_path, "a", values=va),
+            make_run(tmp_path, "b", values=vb, change=frozenset({("init", 0)}), command=("python", "other.py"))]
+    with pytest.raises(RunsNotComparableError):
+        compare_runs(runs, one_command=False)
+
+
+def test_tolerance_is_asymmetric_as_assert_close_and_losses_use_float32s():
+    from torchrepro.analysis.tolerance import Tolerance, scalar_delta, value_delta
+
+    tol = Tolerance(rtol=0.1, atol=0.0)
+    a, b = torch.tensor([1.0]), torch.tensor([1.105])
+    assert value_delta(a, b, tol).within is True  # |a - b| = 0.105 <= 0.1 * |b| = 0.1105
+    assert value_delta(b, a, tol).within is False  # 0.105 > 0.1 * |a| = 0.1
+    loss = scalar_delta(1.0, 1.0 + 1e-6, Tolerance())  # float32's rtol 1.3e-6 accepts it; float64's 1e-7 would not
+    assert loss.within is True and loss.rtol == 1.3e-6

@@ -298,7 +298,8 @@ def _diff_lists(a: list[Any] | None, b: list[Any] | None, label: str) -> list[st
 
 
 def _step_fields(step: dict[str, Any], mode: str) -> dict[str, Any]:
-    losses = [x.get("fp") for x in step.get("losses", [])] if mode == "optimizer" else [step["loss"].get("fp")]
+    entries = step.get("losses", []) if mode == "optimizer" else [step["loss"]]
+    losses = [(x.get("fp"), x.get("value")) for x in entries]  # the fingerprint and the exact bits
     return {"batches": step.get("batches", []), "loss": losses, "grads": step.get("grads"),
             "params": step.get("params"), "state": step.get("state")}
 
