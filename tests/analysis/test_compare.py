@@ -343,3 +343,34 @@ def test_tolerance_is_asymmetric_as_assert_close_and_losses_use_float32s():
     assert value_delta(b, a, tol).within is False  # 0.105 > 0.1 * |a| = 0.1
     loss = scalar_delta(1.0, 1.0 + 1e-6, Tolerance())  # float32's rtol 1.3e-6 accepts it; float64's 1e-7 would not
     assert loss.within is True and loss.rtol == 1.3e-6
+
+
+def test_a_difference_without_values_is_bitwise_only_and_never_within(tmp_path):
+    from torchrepro.analysis.crossrun import Entry
+
+    entry = Entry(step=2, kind="grads", tensor="fc.weight", delta=None)
+    assert entry.within is None  # not compared: not "within"
+    assert Entry(step=2, kind="grads", tensor="fc.weight", delta=None, reason="in B only").within is False
+
+
+def test_a_shared_working_directory_forces_diverged_even_within_tolerance(tmp_path):
+    from torchrepro.analysis.crossrun import compare_commands
+    from torchrepro.analysis.tolerance import Tolerance
+
+    a = load_run(_run_with(tmp_path, "a", [{"loss": 1.0}]))
+    b = load_run(_run_with(tmp_path, "b", [{"loss": 1.0 + 1e-9}], command=("python", "other.py")))
+    shared = {"read_from_earlier_run": [{"run": 2, "path": "snap.pt", "how": "opened", "change": "created"}]}
+    loose = compare_commands(a, b, Tolerance(rtol=1e-3))
+    assert loose.verdict == "equivalent"
+    result = compare_commands(a, b, Tolerance(rtol=1e-3), workdir=shared)
+    assert result.verdict == "diverged" and result.cause == "shared-working-directory"
+
+
+@pytest.mark.parametrize(("lo", "hi", "skipped", "expected"), [(0, 3, (), 1), (0, 4, (2,), 3), (0, 6, (3,), 4)])
+def test_bisect_picks_the_later_of_two_equally_distant_middles(lo, hi, skipped, expected):
+    from torchrepro.analysis.bisect import Search
+
+    search = Search(n=hi)
+    for i in skipped:
+        search.record(i, "skip")
+    assert search.next() == expected
