@@ -714,28 +714,6 @@ def test_a_lightning_training_step_is_forward_and_backward_not_optimizer(tmp_pat
     assert any(op["phase"] == "optimizer" for op in trace.ops)  # SGD's own update
 
 
-NOISY = """
-import os, torch
-torch.manual_seed(0)
-noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-
-
-class Noisy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.fc(x + torch.rand(x.shape, generator=noise))  # NOISE-LINE
-
-
-model = Noisy()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(2):
-    opt.zero_grad()
-    (model(torch.ones(8, 4)) ** 2).mean().backward()
-    opt.step()
-"""
 
 
 def test_locate_with_fresh_cwd_names_the_users_file_not_the_copies(tmp_path):
@@ -744,7 +722,7 @@ def test_locate_with_fresh_cwd_names_the_users_file_not_the_copies(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     script = work / "t.py"
-    script.write_text(NOISY)
+    script.write_text((SCRIPTS / "noisy_model.py").read_text())
     p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--fresh-cwd", "--json", "--out",
                         str(tmp_path / "out"), "--", "python", str(script)],
                        capture_output=True, text=True, timeout=600, cwd=work)

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import torchrepro
@@ -14,41 +13,12 @@ import torchrepro
 SRC = str(Path(torchrepro.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
 
-# Diverges at step 1 (noise from an OS-seeded generator inside the model: cause compute); its third start fails,
-# as a script does whose dataset vanished or whose GPU is taken when --locate re-runs it.
-SCRIPT = textwrap.dedent("""
-    import os, sys, torch
-    counter = sys.argv[1]
-    starts = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
-    open(counter, "w").write(str(starts))
-    if starts >= 3:
-        sys.exit("the data set is gone")
-    torch.manual_seed(0)
-    noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-
-
-    class Noisy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(4, 1)
-
-        def forward(self, x):
-            return self.fc(x + torch.rand(x.shape, generator=noise))
-
-    model = Noisy()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.ones(8, 4)
-    for _ in range(2):
-        opt.zero_grad()
-        loss = (model(x) ** 2).mean()
-        loss.backward()
-        opt.step()
-""")
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "noisy_model.py"  # its third start fails with --starts
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "train.py").write_text(SCRIPT)
+    (tmp_path / "work" / "train.py").write_text(SCRIPT.read_text())
     return subprocess.run([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path / "work", env=ENV, text=True,
                           capture_output=True, timeout=600)
 
@@ -56,7 +26,7 @@ def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_check_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> None:
     counter = str(tmp_path / "starts")
     p = _run(tmp_path, "check", "--locate", "--json", "--out", str(tmp_path / "out"), "--", "python", "train.py",
-             counter)
+             "--starts", counter)
     assert p.returncode == 1, p.stderr  # the verdict's code: diverged
     doc = json.loads(p.stdout)
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "compute"
@@ -67,7 +37,7 @@ def test_check_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> Non
     assert "the data set is gone" in located["error"] and located["stderr"].endswith("stderr.txt")
     assert located["note"] == ("The verdict above stands (it comes from the compared runs). Fix what made the "
                                "re-run fail, then run `torchrepro check --locate -- python train.py "
-                               f"{counter}` again.")
+                               f"--starts {counter}` again.")
     saved = json.loads((tmp_path / "out" / "check.json").read_text())
     assert saved["verdict"] == "diverged" and saved["locate"]["verdict"] == "failed" and saved["exit_code"] == 1
     assert "the traced re-runs failed" in (tmp_path / "out" / "report.html").read_text()
@@ -75,8 +45,8 @@ def test_check_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> Non
 
 def test_compare_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> None:
     counter = str(tmp_path / "starts")
-    p = _run(tmp_path, "compare", "--locate", "--out", str(tmp_path / "out"), f"python train.py {counter}",
-             f"python train.py {counter}")
+    p = _run(tmp_path, "compare", "--locate", "--out", str(tmp_path / "out"), f"python train.py --starts {counter}",
+             f"python train.py --starts {counter}")
     assert p.returncode == 1, p.stderr
     assert "torchrepro: DIVERGED" in p.stdout
     assert "Locate: the traced re-runs failed, so no op could be named: command A" in p.stdout, p.stdout
@@ -90,11 +60,12 @@ def test_a_check_run_with_deterministic_mode_is_not_told_to_rerun_with_it(tmp_pa
     the same runs (the user's options kept) with --locate."""
     counter = str(tmp_path / "starts")
     p = _run(tmp_path, "check", "--seed", "3", "--deterministic", "--json", "--out", str(tmp_path / "out"), "--",
-             "python", "train.py", counter)
+             "python", "train.py", "--starts", counter)
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     assert doc["cause"] == "compute" and "Rerun with `torchrepro check --deterministic" not in doc["action"]
     assert doc["action"].startswith("Deterministic mode was on, so this is not a kernel that deterministic mode "
                                     "covers: look for an unseeded random op")
-    assert (f"`torchrepro check --seed 3 --deterministic --locate -- python train.py {counter}` names the operation"
+    assert (f"`torchrepro check --seed 3 --deterministic --locate -- python train.py --starts {counter}` names the "
+            "operation"
             in doc["action"]), doc["action"]

@@ -18,20 +18,11 @@ from pathlib import Path
 import pytest
 
 import torchrepro.record.workdir as wd
+from tests.record.test_workdir import PLAIN  # the same tiny seeded training script
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
 FSIZE = 32 * 2**20  # no file written under the limit grows past it: /dev/zero read into a copy stops there
-PLAIN = textwrap.dedent("""
-    import torch
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(8, 4)).square().mean().backward()
-        opt.step()
-""")
 
 
 def _bounded() -> None:
