@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchrepro.analysis.compare import compare_runs
-from torchrepro.analysis.resumeat import diagnose, splice, used_generators
+from torchrepro.analysis.resumeat import RanksResume, diagnose, splice, used_generators
 from torchrepro.record.store import Run
 
 K = 2
@@ -157,3 +157,32 @@ def test_batches_the_uninterrupted_run_fetched_after_step_k_are_not_expected_aga
     # and a resumed batch that is not the last one run 1 fetched is still a data difference
     result = verdict(resumed(batch="x"), base)
     assert result.verdict == "diverged" and result.cause.startswith("data")
+
+
+# --- several ranks (torchrun): the lead rank, and the ranks its divergence reached through the all-reduce ----------
+def test_ranks_that_all_resume_exactly_lead_with_rank_0():
+    check = RanksResume(2, [verdict(resumed()), verdict(resumed())])
+    assert check.verdict == "identical" and check.lead[0] == 0 and check.follows == {}
+    doc = check.to_json()
+    assert doc["lead_rank"] == 0 and doc["nproc_per_node"] == 2 and doc["cause"] is None
+    assert [(r["rank"], r["follows_rank"], r["verdict"]) for r in doc["ranks"]] == [(0, None, "identical"),
+                                                                                    (1, None, "identical")]
+
+
+def test_the_rank_that_names_what_was_not_restored_leads_and_the_all_reduce_reaches_the_others():
+    """Rank 1 lost its RNG state; rank 0 restored everything, but DDP averages rank 1's gradients into its own
+    at the same step: rank 0's cause is compute, it follows rank 1, and rank 1 leads."""
+    reached = verdict(resumed(loss="x", params="x", state="x"))
+    check = RanksResume(2, [reached, verdict(resumed(rng="x", loss="x", params="x", state="x"))])
+    assert check.lead[0] == 1 and check.verdict == "diverged" and check.follows == {0: 1}
+    assert reached.cause == "compute" and "rank 1 did not resume exactly (RNG state)" in (reached.explanation or "")
+    doc = check.to_json()
+    assert doc["lead_rank"] == 1 and doc["cause"] == "rng-state" and doc["ranks"][0]["follows_rank"] == 1
+
+
+def test_an_earlier_divergence_leads_whatever_its_cause():
+    early = verdict(resumed(loss="x", params="x", state="x"))  # compute at step K+1
+    late = resumed(rng="")
+    late.steps()[1]["params"] = {"w": "px"}  # diverges at step K+2 only
+    check = RanksResume(2, [verdict(late), early])
+    assert check.lead == (1, early) and check.follows == {}

@@ -16,6 +16,9 @@ at the first divergent step d:
 6. else the step's computation itself differs (a nondeterministic op, or state torchrepro does not record).
 
 A divergence at or before step K is not about the resume: the script is not reproducible run to run.
+
+Under torchrun (:class:`RanksResume`) each rank's two processes of run 2 are joined and diagnosed against that
+rank's run 1, as above; the check's verdict is the first rank that did not resume exactly (else rank 0).
 """
 
 from __future__ import annotations
@@ -193,6 +196,56 @@ class ResumeResult:
             "runs": self.runs,
             "comparison": self.comparison.to_json(),
         }
+
+
+@dataclass
+class RanksResume:
+    """``check --resume-at K`` of a script on several ranks: each rank's resume diagnosed (``per_rank[r]``).
+
+    A rank that did not resume exactly reaches the others through the gradient all-reduce of the same step: they
+    diverge there too, with everything recorded on them restored (cause ``compute``). Those ranks ``follow`` the
+    lead rank (their explanation says so), and the lead is the rank that names what was not restored."""
+
+    nproc: int
+    per_rank: list[ResumeResult]
+    follows: dict[int, int] = field(default_factory=dict)  # rank -> the lead rank whose divergence reached it
+
+    def __post_init__(self) -> None:
+        rank, lead = self.lead
+        if lead.verdict == "identical" or lead.cause == "compute" or lead.step is None:
+            return
+        for r, result in enumerate(self.per_rank):
+            if r != rank and result.cause == "compute" and result.step is not None and result.step >= lead.step:
+                self.follows[r] = rank
+                result.detail = (f"Everything recorded on rank {r} was restored (parameters and optimizer state "
+                                 f"after step {result.k}, the learning rate, batch and RNG state of step "
+                                 f"{result.step}), yet step {result.step} computed other "
+                                 f"{', '.join(d.label for d in result.comparison.first) or 'values'}: the ranks' "
+                                 f"gradients are averaged at each step (DDP's all-reduce), and rank {rank} did not "
+                                 f"resume exactly ({lead.what}). Fix rank {rank}; rank {r} follows.")
+
+    @property
+    def lead(self) -> tuple[int, ResumeResult]:
+        """The rank whose result is the check's: of the ranks that diverged first (earliest step), the first that
+        names what was not restored, else the first of them; rank 0 when every rank resumed exactly."""
+        diverged = [(r, res) for r, res in enumerate(self.per_rank) if res.verdict != "identical"]
+        if not diverged:
+            return 0, self.per_rank[0]
+        first = min(res.step if res.step is not None else 1 << 62 for _, res in diverged)
+        earliest = [(r, res) for r, res in diverged if (res.step if res.step is not None else 1 << 62) == first]
+        return next(((r, res) for r, res in earliest if res.cause != "compute"), earliest[0])
+
+    @property
+    def verdict(self) -> str:
+        return self.lead[1].verdict
+
+    def to_json(self) -> dict[str, Any]:
+        """The lead rank's ``torchrepro.check-resume/1`` body, with ``nproc_per_node``, ``lead_rank`` and ``ranks``
+        (each rank's body, its ``rank`` and ``follows_rank`` first: the lead rank whose divergence reached it)."""
+        rank, lead = self.lead
+        return lead.to_json() | {"nproc_per_node": self.nproc, "lead_rank": rank,
+                                 "ranks": [{"rank": r, "follows_rank": self.follows.get(r)} | res.to_json()
+                                           for r, res in enumerate(self.per_rank)]}
 
 
 def _diff(a: dict[str, Any] | None, b: dict[str, Any] | None, *, common_only: bool = False) -> list[str]:

@@ -6,22 +6,30 @@ processes spliced at step K (:mod:`torchrepro.analysis.resumeat`), and a diverge
 was not restored. The checkpoint of Lightning and transformers trainers is their own, triggered at step K with no
 code change; scripts with their own loop read :func:`torchrepro.resume_point` (see
 :mod:`torchrepro.record.resumeat`).
+
+Under torchrun (``--nproc-per-node P`` or ``-- torchrun ...``) each of the three processes is a torchrun launch
+that records every rank into ``RUN/rank{R}``; every rank is told the same checkpoint path and is stopped after step
+K; each rank's processes are joined and diagnosed apart, and the verdict is the first rank that did not resume
+exactly (:class:`~torchrepro.analysis.resumeat.RanksResume`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._core.errors import OutputDirError, ScriptError
+from .._core.errors import OutputDirError, ScriptError, StateFileError
 from .._core.io import atomic_write_bytes
+from .._core.readjson import read_json
+from .._core.table import printable
 from ..record.launcher import CommandError, LaunchOptions, RunResult, parse_python_command
 from ..record.outdir import lock_dir, make_dir
 from ..record.resumeat import CHECKPOINT_ENV, FACTS_KEY
-from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_run
+from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks, load_run
 from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
@@ -36,7 +44,8 @@ from ._checkrun import (
 from ._options import determinism_options
 
 if TYPE_CHECKING:
-    from ..analysis.resumeat import ResumeResult
+    from ..analysis.resumeat import RanksResume, ResumeResult
+    from ..record.store import Run
 
 SCHEMA = "torchrepro.check-resume/1"  # analysis.resumeat.SCHEMA (not imported: it imports torch)
 PROTOCOL = ("A script with its own loop saves its checkpoint where torchrepro says once step K is done "
@@ -44,6 +53,16 @@ PROTOCOL = ("A script with its own loop saves its checkpoint where torchrepro sa
             f"or the environment variables TORCHREPRO_RESUME_AT and {CHECKPOINT_ENV}) and loads `rp.resume_from` "
             "(TORCHREPRO_RESUME_FROM) when it is set; Lightning and transformers Trainer scripts need no change "
             "(see docs/resume-at.md)")
+RANKS_PROTOCOL = ("Under torchrun every rank gets the same path: rank 0 saves one file there, or each rank saves its "
+                  "own file into that folder (`os.makedirs(rp.checkpoint, exist_ok=True)`, then "
+                  "`rp.checkpoint / f\"rank{rank}.pt\"`), and every rank loads what it needs from `rp.resume_from`")
+SNAPSHOT_PROTOCOL = ("A script that keeps its own snapshot (every rank loads it at start if it exists, one rank saves "
+                     "it every N steps or epochs) resumes from it under check --resume-at only where torchrepro says: "
+                     "`rp = torchrepro.resume_point()`; load `rp.resume_from` when it is set (instead of your "
+                     "snapshot file); after each optimizer step, on every rank, `if rp.due():` save the snapshot to "
+                     "`rp.checkpoint` (the step within the epoch and the data position with it, if step K is not the "
+                     "end of an epoch). Add --fresh-cwd so that no run loads the snapshot an earlier run wrote into "
+                     "the working directory")
 
 
 def refuse_options(args: argparse.Namespace) -> None:
@@ -76,7 +95,11 @@ def _steps(result: RunResult) -> int:
 def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptions,
                         isolation: Isolation) -> ResumeRuns:
     """Run 1 straight through; run 2 to step K and a checkpoint; run 2 again from that checkpoint, in a fresh
-    process. A script that fails, never reaches step K+1 or never checkpoints is a ScriptError (exit 2)."""
+    process. A script that fails, never reaches step K+1 or never checkpoints is a ScriptError (exit 2).
+
+    With ``base.nproc_per_node`` each is a torchrun launch of that many ranks (``RUN/rank{R}``); the steps counted
+    are rank 0's, the checkpoint is written once its launch has ended (by any rank, as the script does)."""
+    nproc = base.nproc_per_node
     parse_python_command(command)
     straight, stopped, resumed = out / "run1", out / "run2", out / "run2-resumed"
     checkpoints = out / "run2-checkpoint"
@@ -95,7 +118,7 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
         result = launch_run(command, straight, opts, progress, isolation, 1, label)
         shared = isolation.run_done(1, straight)
         if result.returncode != 0 or not _steps(result):
-            raise _failure(1, 2, result, straight, shared, label)
+            raise _failed(1, result, straight, shared, label)
         if _steps(result) <= k:
             raise _too_short(1, label, _steps(result), k, straight, result)
 
@@ -105,12 +128,12 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
         result = launch_run(command, stopped, opts, progress, isolation, 2, label)
         shared = isolation.run_done(2, stopped)
         if result.returncode != 0 or not _steps(result):
-            raise _failure(2, 2, result, stopped, shared, label)
-        facts = (result.manifest or {}).get(FACTS_KEY) or {}
+            raise _failed(2, result, stopped, shared, label)
+        facts = _rank_facts(stopped, nproc) if nproc else (result.manifest or {}).get(FACTS_KEY) or {}
         if _steps(result) < k:
             raise _too_short(2, label, _steps(result), k, stopped, result)
         if not facts.get("checkpoint_written") or not facts.get("checkpoint"):
-            raise _no_checkpoint(k, facts, checkpoint, stopped)
+            raise _no_checkpoint(k, facts, checkpoint, stopped, nproc)
 
         label = f" (resumed from step {k})"
         after = dataclasses.replace(base, max_steps=base.max_steps - k if base.max_steps else None,
@@ -120,7 +143,7 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
         result = launch_run(command, resumed, opts, progress, isolation, 2, label)
         shared = isolation.restart_done(2, resumed)
         if result.returncode != 0:
-            raise _failure(2, 2, result, resumed, shared, label)
+            raise _failed(2, result, resumed, shared, label)
         if not _steps(result):
             raise _error(f"run 2{label} trained no step after the restart: it did not resume training (the script "
                          f"may think it is done, e.g. a step counter restored past the end). {PROTOCOL}.", resumed)
@@ -144,13 +167,53 @@ def clear_checkpoints(folder: Path) -> None:
                          "--out.")
 
 
+def _failed(i: int, result: RunResult, run_dir: Path, shared: str | None, label: str) -> ScriptError:
+    """A failed launch's error; of several ranks, with the phase named as for one process."""
+    error = _failure(i, 2, result, run_dir, shared, label)
+    if not (result.manifest or {}).get("ranks") or not label:
+        return error
+    return ScriptError(str(error).replace(f"run {i} of 2 ", f"run {i} of 2{label} ", 1),
+                       stderr_path=error.stderr_path)
+
+
+def _rank_facts(run_dir: Path, nproc: int) -> dict[str, Any]:
+    """What the ranks of a torchrun launch say about the stop phase, as one process's facts: the checkpoint asked
+    for (written once the launch has ended: rank 0 may write it after rank 1 ended), a trainer if any rank ran one,
+    and the files each rank gave torch.save (``rank`` added)."""
+    ranks: list[dict[str, Any]] = []
+    for r in range(nproc):
+        try:
+            manifest = read_json(run_dir / f"rank{r}" / "manifest.json")
+        except StateFileError:
+            manifest = {}
+        facts = manifest.get(FACTS_KEY) if isinstance(manifest, dict) else None
+        ranks.append(facts if isinstance(facts, dict) else {})
+    facts = dict(ranks[0])
+    facts["trainer"] = next((f["trainer"] for f in ranks if f.get("trainer") not in (None, "script")),
+                            facts.get("trainer") or "script")
+    facts["checkpoint"] = next((f["checkpoint"] for f in ranks if f.get("checkpoint_written")),
+                               facts.get("checkpoint"))
+    path = facts["checkpoint"]
+    facts["checkpoint_written"] = isinstance(path, str) and os.path.exists(path)
+    facts["script_saves"] = [s | {"rank": r} for r, f in enumerate(ranks) for s in f.get("script_saves") or []
+                             if isinstance(s, dict)]
+    return facts
+
+
+def _stderr(run_dir: Path) -> Path:
+    """The script's stderr: the run's, or rank 0's of a torchrun launch (each rank writes its own)."""
+    rank0 = run_dir / "rank0" / "stderr.txt"
+    return rank0 if rank0.is_file() else run_dir / "stderr.txt"
+
+
 def _error(message: str, run_dir: Path) -> ScriptError:
     """The error, with the last lines of the run's stderr when it wrote any (the script ran fine: they may say why
     it stopped where it did)."""
-    tail = tail_lines(run_dir / "stderr.txt")
+    stderr = _stderr(run_dir)
+    tail = tail_lines(stderr)
     if tail not in ("(empty)", "(no output captured)"):
-        message = f"{message}\nLast lines of its stderr ({run_dir / 'stderr.txt'}):\n{tail}"
-    return ScriptError(message, stderr_path=run_dir / "stderr.txt")
+        message = f"{message}\nLast lines of its stderr ({stderr}):\n{tail}"
+    return ScriptError(message, stderr_path=stderr)
 
 
 def _too_short(i: int, label: str, steps: int, k: int, run_dir: Path, result: RunResult) -> ScriptError:
@@ -164,7 +227,8 @@ def _too_short(i: int, label: str, steps: int, k: int, run_dir: Path, result: Ru
                   "let it train longer.", run_dir)
 
 
-def _no_checkpoint(k: int, facts: dict[str, Any], checkpoint: str, run_dir: Path) -> ScriptError:
+def _no_checkpoint(k: int, facts: dict[str, Any], checkpoint: str, run_dir: Path,
+                   nproc: int | None = None) -> ScriptError:
     trainer = facts.get("trainer") or "script"
     if trainer == "transformers":
         what = (f"the transformers Trainer was asked to save at step {k} but no checkpoint folder was found "
@@ -175,12 +239,25 @@ def _no_checkpoint(k: int, facts: dict[str, Any], checkpoint: str, run_dir: Path
                 f"{facts.get('checkpoint') or checkpoint} (the trainer stopped before the end of the batch of step "
                 f"{k}, or its strategy cannot save to one file). Check that Trainer.fit reaches step {k + 1}")
     else:
+        ranks = " (no rank wrote it)" if nproc else ""
         what = (f"the script trained past step {k} without writing its checkpoint at {checkpoint} "
-                f"(${CHECKPOINT_ENV}), so there is nothing to resume from. {PROTOCOL}")
+                f"(${CHECKPOINT_ENV}){ranks}, so there is nothing to resume from. ")
+        saves = [s for s in facts.get("script_saves") or [] if isinstance(s, dict) and s.get("path")]
+        if saves:
+            shown = ", ".join(f"{printable(str(s['path']))} ("
+                              + (f"rank {s['rank']}, " if "rank" in s else "") + f"after step {s.get('step')})"
+                              for s in saves[:3])
+            what += (f"It saved {shown}{' and more' if len(saves) > 3 else ''} with torch.save itself: torchrepro "
+                     f"cannot tell a checkpoint of the script's own from another file it writes. {SNAPSHOT_PROTOCOL}")
+        else:
+            what += PROTOCOL
+        if nproc:
+            what += f". {RANKS_PROTOCOL}"
     return _error(f"run 2 (to step {k}, checkpoint, stop) never checkpointed: {what}.", run_dir)
 
 
-def run_resume_check(args: argparse.Namespace, command: list[str]) -> int:
+def run_resume_check(args: argparse.Namespace, command: list[str], nproc: int | None = None) -> int:
+    """``check --resume-at K``; ``nproc``: of a command on that many ranks (``--nproc-per-node`` or torchrun)."""
     refuse_options(args)
     parse_python_command(command)
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
@@ -188,33 +265,73 @@ def run_resume_check(args: argparse.Namespace, command: list[str]) -> int:
     k = args.resume_at
     base = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
-                         extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})
+                         extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)},
+                         nproc_per_node=nproc, rank_output=bool(nproc))
     with lock_dir(out):
         isolation = Isolation.for_check(args.fresh_cwd, out)
         runs = execute_resume_runs(command, out, k, base, isolation)
-        from ..analysis.compare import compare_runs, note_shared_workdir
-        from ..analysis.resumeat import diagnose, splice
-
+        if nproc:
+            return _check_ranks(runs, out, k, nproc, isolation, what=f"`{' '.join(args.user_command)}`",
+                                as_json=args.json)
         straight, stopped, resumed = (load_run(d) for d in (runs.straight, runs.stopped, runs.resumed))
-        comparison = compare_runs([straight, splice(stopped, resumed, k, straight)])
-        note_shared_workdir(comparison, isolation.to_json() or {})
-        result = diagnose(straight, stopped, resumed, comparison, k, trainer=runs.facts.get("trainer") or "script",
-                          checkpoint=runs.facts.get("checkpoint"),
-                          runs={"uninterrupted": str(runs.straight), "stopped": str(runs.stopped),
-                                "resumed": str(runs.resumed)})
+        result = _diagnose(straight, stopped, resumed, k, runs.facts, isolation,
+                           {"uninterrupted": runs.straight, "stopped": runs.stopped, "resumed": runs.resumed})
         return finish_resume(result, out, what=f"`{' '.join(command)}`", as_json=args.json,
                              environment=environment_differences([straight, stopped, resumed], quiet_if_same=True))
 
 
+def _diagnose(straight: Run, stopped: Run, resumed: Run, k: int, facts: dict[str, Any], isolation: Isolation,
+              dirs: dict[str, Path]) -> ResumeResult:
+    """Run 1 against run 2's two processes joined at step K (one process, or one rank of each launch)."""
+    from ..analysis.compare import compare_runs, note_shared_workdir
+    from ..analysis.resumeat import diagnose, splice
+
+    comparison = compare_runs([straight, splice(stopped, resumed, k, straight)])
+    note_shared_workdir(comparison, dict(isolation.to_json() or {}))
+    return diagnose(straight, stopped, resumed, comparison, k, trainer=facts.get("trainer") or "script",
+                    checkpoint=facts.get("checkpoint"), runs={name: str(d) for name, d in dirs.items()})
+
+
+_PER_RANK_STATE = ("rng-state", "data-position", "data-values", "data")  # states each rank holds its own of
+
+
+def _check_ranks(runs: ResumeRuns, out: Path, k: int, nproc: int, isolation: Isolation, *, what: str,
+                 as_json: bool) -> int:
+    """Each rank's resume diagnosed apart (its run 1, its two processes of run 2); the verdict: the first rank that
+    did not resume exactly."""
+    from ..analysis.resumeat import RanksResume
+
+    dirs = (runs.straight, runs.stopped, runs.resumed)
+    loaded = [load_ranks(d)[1] for d in dirs]
+    counts = {len(r) for r in loaded}
+    if counts != {nproc}:
+        raise ScriptError(f"the runs recorded {sorted(counts)} ranks, expected {nproc}: the runs cannot be compared "
+                          f"rank by rank. Runs: {', '.join(map(str, dirs))}.")
+    per_rank = [_diagnose(loaded[0][r], loaded[1][r], loaded[2][r], k, runs.facts, isolation,
+                          {"uninterrupted": runs.straight / f"rank{r}", "stopped": runs.stopped / f"rank{r}",
+                           "resumed": runs.resumed / f"rank{r}"}) for r in range(nproc)]
+    check = RanksResume(nproc, per_rank)
+    rank, lead = check.lead
+    if rank != 0 and lead.cause in _PER_RANK_STATE and lead.checkpoint and Path(lead.checkpoint).is_file():
+        lead.notes.append(f"The checkpoint is one file for {nproc} ranks ({lead.checkpoint}): if every rank loads it, "
+                          "rank 0's RNG states and data position are restored on every rank. Each rank's are its "
+                          "own: let each rank save its own file into the folder rp.checkpoint (rank{R}.pt) and load "
+                          "its own.")
+    env = environment_differences([ranks[0] for ranks in loaded], quiet_if_same=True)
+    return finish_resume(check.lead[1], out, what=what, as_json=as_json, environment=env, ranks=check)
+
+
 def finish_resume(result: ResumeResult, out: Path, *, what: str, as_json: bool,
-                  environment: EnvironmentDifferences | None = None) -> int:
-    """Plot, write check.json (schema torchrepro.check-resume/1), print; exit 0 identical, 1 diverged, 2 unsaved."""
+                  environment: EnvironmentDifferences | None = None, ranks: RanksResume | None = None) -> int:
+    """Plot, write check.json (schema torchrepro.check-resume/1), print; exit 0 identical, 1 diverged, 2 unsaved.
+    ``ranks``: a check of several ranks, ``result`` its lead rank's (plotted, and detailed in the report)."""
     from ..analysis.report import plot_check
     from ._html.reports import resume_report
     from ._output import Verdict, emit
     from ._render import render_resume
 
-    doc = result.to_json() | {"plot": None, "command": what, "exit_code": None}
+    doc = (ranks.to_json() if ranks is not None else result.to_json()) | {"plot": None, "command": what,
+                                                                          "exit_code": None}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(result.verdict)
 
@@ -224,6 +341,31 @@ def finish_resume(result: ResumeResult, out: Path, *, what: str, as_json: bool,
 
     return emit(Verdict(doc, 0 if result.verdict == "identical" else 1, "check.json",
                         plot=lambda path: plot_check(result.comparison, path),
-                        summary=lambda plot: render_resume(result, what=what, plot=plot), text=text,
+                        summary=lambda plot: (render_resume_ranks(ranks, what=what, plot=plot) if ranks is not None
+                                              else render_resume(result, what=what, plot=plot)), text=text,
                         report=lambda d, summary: resume_report(result, d, out, command=what, text=summary)),
                 out, as_json=as_json)
+
+
+def render_resume_ranks(check: RanksResume, *, what: str, plot: str | None = None) -> str:
+    """The resume verdict of several ranks: the lead rank named in the headline, one line per rank, then the lead
+    rank's resume in detail (as for one process)."""
+    from ._render import render_resume
+
+    rank, lead = check.lead
+    lines = render_resume(lead, what=f"{what} on {check.nproc} ranks", plot=plot).split("\n")
+    if lead.verdict == "identical":
+        lines[0] = lines[0].replace("; every recorded loss", "; on every rank every recorded loss", 1)
+    else:
+        lines[0] = lines[0].replace(f"RESUME DIVERGED at step {lead.step} - ",
+                                    f"RESUME DIVERGED at step {lead.step} on rank {rank} - ", 1)
+    ranks = [f"Rank by rank (run 1 against run 2, its two processes joined at step {check.per_rank[0].k}):"]
+    for r, result in enumerate(check.per_rank):
+        if result.verdict == "identical":
+            ranks.append(f"  rank {r}: identical ({result.steps['uninterrupted']} steps)")
+        elif r in check.follows:
+            ranks.append(f"  rank {r}: DIVERGED at step {result.step}; everything recorded was restored, but its "
+                         f"gradients are averaged with rank {check.follows[r]}'s")
+        else:
+            ranks.append(f"  rank {r}: DIVERGED at step {result.step}; not restored: {result.what}")
+    return "\n".join([lines[0], "", *ranks, "", f"Rank {rank} in detail:", *lines[2:]])

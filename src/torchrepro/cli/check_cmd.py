@@ -174,12 +174,10 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--parallel runs the runs of one process at once; it does not go with "
                            f"{'--resume-at' if args.resume_at is not None else '--nproc-per-node or torchrun'} "
                            "(those checks run one run after the other): remove --parallel.")
-    if args.resume_at is not None:
-        if nproc:
-            raise CommandError("--resume-at checks one process; it does not go with --nproc-per-node or torchrun yet.")
+    if args.resume_at is not None:  # one process, or several ranks through torchrun
         from ._resumecheck import run_resume_check
 
-        return run_resume_check(args, command)
+        return run_resume_check(args, command, nproc)
     if nproc:  # several ranks through torchrun
         from ._ranks import run_ranks_check
 

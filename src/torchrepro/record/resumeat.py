@@ -23,15 +23,24 @@ Scripts with their own loop read where they are (:func:`resume_point`, or the en
   (a file or a directory) after step K; torchrepro ends the script as its next step begins (or it exits itself);
 - resume phase: ``TORCHREPRO_RESUME_FROM=PATH``: load that checkpoint and train on.
 
+Under torchrun every rank gets the same variables (one ``PATH`` for all: rank 0 writes a file there, or each rank
+writes its own file into a folder there) and every rank's recorder ends it as its step K+1 begins, before the
+``backward()`` whose gradient all-reduce would wait for the others: the ranks stop at the same point of the
+program, and no rank waits in a collective for one that has stopped. In the stop phase the paths the script gives
+``torch.save`` are noted (``script_saves``): a script that saves a checkpoint of its own (a minGPT-style
+``snapshot.pt``) but not where torchrepro asked is told which file it wrote and what to change.
+
 Outside ``check --resume-at`` none of the variables is set and nothing is wrapped.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import inspect
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +59,8 @@ FACTS_KEY = "resume_at"  # the child's summary (manifest) field
 # module -> (trainer kind, patch); the module is patched as soon as it has been executed
 _LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 _TRANSFORMERS = ("transformers.trainer",)
+_SAVES_SHOWN = 8  # paths given to torch.save noted in the stop phase (the latest step of each)
+_ATOMIC_TMP = re.compile(r"\.(.+)\.torchrepro-\d+-\w+\.tmp")  # _core.io.atomic_write's file: the name it becomes
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,7 @@ class ResumePlan:
     resumed_from: str | None = None  # the checkpoint a trainer was told to resume from
     notes: list[str] = field(default_factory=list)
     recorder: Recorder | None = None
+    saves: dict[str, int] = field(default_factory=dict)  # stop phase: path given to torch.save -> the step after
 
     @classmethod
     def from_options(cls, config: dict[str, Any]) -> ResumePlan:
@@ -141,6 +153,7 @@ class ResumePlan:
         if self.phase == "stop":
             os.environ[RESUME_AT_ENV] = str(self.step)
             os.environ[CHECKPOINT_ENV] = self.checkpoint
+            self._watch_saves()
         elif self.phase == "resume":
             os.environ[RESUME_FROM_ENV] = self.checkpoint
         if self.phase != "straight":
@@ -157,10 +170,33 @@ class ResumePlan:
                 "checkpoint": os.path.abspath(checkpoint) if checkpoint else None,
                 "checkpoint_written": exists if self.phase == "stop" else None,
                 "saved_at_step": self.saved_at_step, "resumed_from": self.resumed_from or
-                (self.checkpoint if self.phase == "resume" else None), "notes": self.notes}
+                (self.checkpoint if self.phase == "resume" else None), "notes": self.notes,
+                "script_saves": [{"path": p, "step": n} for p, n in self.saves.items()]}
 
     def _steps(self) -> int:
         return self.recorder.completed_steps() if self.recorder is not None else 0
+
+    def _watch_saves(self) -> None:
+        """Note the files the script saves with ``torch.save`` (path and step), outside torchrepro's checkpoint:
+        when the checkpoint is not written, the error names the one the script wrote instead (``snapshot.pt``)."""
+        import torch
+
+        orig = torch.save
+        if getattr(orig, "_torchrepro_saves", False):
+            return
+        plan, ours = self, os.path.abspath(self.checkpoint)
+
+        @functools.wraps(orig)
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            path = _saved_path(f)
+            if path is not None and path != ours and not path.startswith(ours + os.sep) and (
+                    path in plan.saves or len(plan.saves) < _SAVES_SHOWN):
+                plan.saves[path] = plan._steps()
+            return orig(obj, f, *args, **kwargs)
+
+        save._torchrepro_saves = True  # type: ignore[attr-defined]
+        torch.save = save
+        torch.serialization.save = save
 
     # --- Lightning ----------------------------------------------------------------------------------------
     def _patch_lightning(self, module: Any) -> None:
@@ -276,6 +312,17 @@ class ResumePlan:
         if self.recorder is not None:
             self.recorder.stopped = True
         raise MaxStepsReached()
+
+
+def _saved_path(f: Any) -> str | None:
+    """The file ``torch.save`` writes: a path, or an open file's name (``atomic_write``'s temporary file: the file it
+    becomes); None for a buffer."""
+    name = f if isinstance(f, (str, bytes, os.PathLike)) else getattr(f, "name", None)
+    if not isinstance(name, (str, bytes, os.PathLike)):
+        return None
+    head, tail = os.path.split(os.fsdecode(name))
+    found = _ATOMIC_TMP.fullmatch(tail)
+    return os.path.abspath(os.path.join(head, found.group(1)) if found else os.path.join(head, tail))
 
 
 def _name_checkpoint(trainer: Any, checkpoint: str) -> None:
