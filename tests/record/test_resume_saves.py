@@ -33,3 +33,12 @@ def test_stop_phase_notes_saves_outside_torchrepros_checkpoint(tmp_path, monkeyp
     torch.save({"w": torch.zeros(1)}, io.BytesIO())
     assert plan.facts()["script_saves"] == [{"path": str(tmp_path / "snapshot.pt"), "step": 0}]
     assert plan.facts()["checkpoint_written"] is True
+
+
+def test_uninstall_puts_torch_save_back(tmp_path):
+    original = torch.save
+    plan = ResumePlan.from_options({"phase": "stop", "step": 2, "checkpoint": str(tmp_path / "ckpt")})
+    plan._watch_saves()
+    assert torch.save is not original and torch.serialization.save is torch.save
+    plan.uninstall()
+    assert torch.save is original and torch.serialization.save is original

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._core.patches import Patches
+
 if TYPE_CHECKING:  # the parent (check) reads the names below without importing torch
     from .recorder import Recorder
 
@@ -129,6 +131,7 @@ class ResumePlan:
     notes: list[str] = field(default_factory=list)
     recorder: Recorder | None = None
     saves: dict[str, int] = field(default_factory=dict)  # stop phase: path given to torch.save -> the step after
+    patches: Patches = field(default_factory=Patches, repr=False)  # what install() replaced (uninstall() puts back)
 
     @classmethod
     def from_options(cls, config: dict[str, Any]) -> ResumePlan:
@@ -159,8 +162,12 @@ class ResumePlan:
         if self.phase != "straight":
             patches = {name: self._patch_lightning for name in _LIGHTNING}
             patches.update({name: self._patch_transformers for name in _TRANSFORMERS})
-            _PatchOnImport.install(patches)
+            _PatchOnImport.install(patches, self.patches)
         return self
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` replaced (``torch.save``, the import finder)."""
+        self.patches.undo()
 
     def facts(self) -> dict[str, Any]:
         """What the manifest says about this phase (``resume_at``): the parent finds the checkpoint there."""
@@ -195,8 +202,8 @@ class ResumePlan:
             return orig(obj, f, *args, **kwargs)
 
         save._torchrepro_saves = True  # type: ignore[attr-defined]
-        torch.save = save
-        torch.serialization.save = save
+        self.patches.set(torch, "save", save)
+        self.patches.set(torch.serialization, "save", save)
 
     # --- Lightning ----------------------------------------------------------------------------------------
     def _patch_lightning(self, module: Any) -> None:
@@ -346,7 +353,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         self.patches = patches
 
     @classmethod
-    def install(cls, patches: dict[str, Any]) -> None:
+    def install(cls, patches: dict[str, Any], installed: Patches) -> None:
         pending = {}
         for name, patch in patches.items():
             module = sys.modules.get(name)
@@ -355,7 +362,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             else:
                 pending[name] = patch
         if pending:
-            sys.meta_path.insert(0, cls(pending))
+            installed.insert(sys.meta_path, 0, cls(pending))
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         patch = self.patches.get(fullname)
