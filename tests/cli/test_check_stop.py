@@ -35,7 +35,8 @@ def test_diverged_run_stops_five_steps_after_and_reports_what_full_runs_does(tmp
     args = ("--counter", str(tmp_path / "counter-a"))
     rc, doc, text, err = check(tmp_path, "stop", script_args=args)
     assert rc == 1, err
-    assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "compute"
+    # the noise is added to the model's input (no DataLoader): data, fingerprinted where the model receives it
+    assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "data"
     assert doc["steps"] == [40, 6] and recorded_steps(tmp_path / "stop" / "run2") == 6
     assert doc["stopped"][0] is None
     assert doc["stopped"][1] == {"after_step": 6, "first_divergent_step": 1, "steps_after": 5, "diverged_runs": [2],

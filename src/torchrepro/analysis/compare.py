@@ -20,7 +20,7 @@ import torch
 
 from .._core.errors import RunsNotComparableError
 from .._core.fingerprint import LEGACY_ALGORITHM, UNREADABLE
-from ..record.store import Run
+from ..record.store import MODEL_INPUTS, Run
 from ..record.workdir import left_out_text, shared_text
 from .causes import SHARED_CWD, cause
 
@@ -38,6 +38,15 @@ LABELS = {
     "steps": "number of steps",
 }
 
+# Steps that saw no DataLoader batch record the inputs of the model's forward as their data (the recorder's
+# "batches_source": "model-inputs"): a difference there is data too, told in these words.
+MODEL_INPUTS_EXPLANATION = (
+    "The runs fed different data to the model while the parameters were still identical: {where} differ. The "
+    "script draws its batches (sample indices, noise, augmentation) from unseeded random numbers.")
+MODEL_INPUTS_ACTION = (
+    "Seed the data path: draw batch indices, noise and augmentation from seeded generators (torch.manual_seed(SEED) "
+    "or torchrepro.seed_everything(SEED) before the loop, or a torch.Generator().manual_seed(SEED) passed as "
+    "generator=) rather than os.urandom, the time or fresh unseeded generators.")
 
 
 @dataclass
@@ -86,15 +95,22 @@ class CheckResult:
     next_action: str | None = None  # replaces the cause's next action (diff of runs from two environments)
     # per run: None, or how check stopped it after the divergence ({"after_step", "first_divergent_step", ...})
     stopped: list[dict[str, Any] | None] = field(default_factory=list)
+    # where the first differing data came from when no DataLoader batch was seen: {"source": "model-inputs",
+    # "modules": [class names], "text": "the inputs of GPT.forward (no DataLoader seen)"}; None: DataLoader batches
+    data_source: dict[str, Any] | None = None
 
     @property
     def explanation(self) -> str | None:
+        if self.cause == "data" and self.data_source:
+            return MODEL_INPUTS_EXPLANATION.format(where=self.data_source["text"])
         return explain(self.cause, self.working_directory) if self.cause else None
 
     @property
     def action(self) -> str | None:
         if self.next_action:
             return self.next_action
+        if self.cause == "data" and self.data_source:
+            return MODEL_INPUTS_ACTION
         return cause(self.cause).wording("check").action if self.cause else None
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +141,7 @@ class CheckResult:
             "compiled": self.compiled,
             "working_directory": self.working_directory,
             "stopped": self.stopped,
+            "data_source": self.data_source,
         }
 
 
@@ -297,6 +314,40 @@ def _diff_lists(a: list[Any] | None, b: list[Any] | None, label: str) -> list[st
     return names
 
 
+def input_modules(step: dict[str, Any]) -> list[str] | None:
+    """The classes whose forward inputs a step recorded as its batches (no DataLoader batch in the step), parallel
+    to ``batches``; None when its batches are DataLoader batches."""
+    if step.get("batches_source") != MODEL_INPUTS:
+        return None
+    modules = step.get("input_modules")
+    return [str(m) for m in modules] if isinstance(modules, list) else []
+
+
+def _batch_names(x: dict[str, Any], y: dict[str, Any], fx: list[Any], fy: list[Any]) -> list[str]:
+    """``batch[i]`` for each differing DataLoader batch; ``GPT.forward inputs[i]`` for the model's inputs."""
+    names = _diff_lists(fx, fy, "batch")
+    mods = input_modules(x)
+    mods = mods if mods is not None else input_modules(y)
+    if mods is None:
+        return names
+    out = []
+    for name in names:
+        i = int(name[len("batch["):-1])
+        out.append(f"{mods[min(i, len(mods) - 1)] if mods else 'model'}.forward inputs[{i}]")
+    return out
+
+
+def data_source_of(runs: list[Run], diff: Difference) -> dict[str, Any] | None:
+    """Where the differing batches of ``diff`` came from: ``{"source": "model-inputs", "modules", "text"}`` when
+    a step of either run recorded the model's inputs (no DataLoader batch seen), else None (DataLoader batches)."""
+    found = [input_modules(runs[i].steps()[diff.step - 1]) for i in diff.runs if 0 < diff.step <= len(runs[i].steps())]
+    if all(m is None for m in found):
+        return None
+    modules = list(dict.fromkeys(m for mods in found if mods for m in mods))
+    names = " and ".join(f"{m}.forward" for m in modules[:3]) or "the model's forward"
+    return {"source": MODEL_INPUTS, "modules": modules, "text": f"the inputs of {names} (no DataLoader seen)"}
+
+
 def _step_fields(step: dict[str, Any], mode: str) -> dict[str, Any]:
     entries = step.get("losses", []) if mode == "optimizer" else [step["loss"]]
     losses = [(x.get("fp"), x.get("value")) for x in entries]  # the fingerprint and the exact bits
@@ -328,8 +379,10 @@ def _pair_differences(a: Run, b: Run, ia: int, ib: int, labels: tuple[str, str] 
         for kind in ("batches", "loss", "grads", "params", "state"):
             if kind in found:
                 continue
-            if kind in ("batches", "loss"):
-                names = _diff_lists(fx[kind], fy[kind], "batch" if kind == "batches" else "loss")
+            if kind == "batches":
+                names = _batch_names(x, y, fx[kind], fy[kind])
+            elif kind == "loss":
+                names = _diff_lists(fx[kind], fy[kind], "loss")
             else:
                 names = _diff_maps(fx[kind], fy[kind])
             if names:
@@ -505,7 +558,14 @@ def _unreadable_notes(runs: list[Run]) -> list[str]:
     notes: list[str] = []
     for i, run in enumerate(runs, start=1):
         batches = [(k, b) for k, s in enumerate(run.steps(), start=1) for b in s.get("batches", [])
-                   if str(b).startswith(UNREADABLE)]
+                   if str(b).startswith(UNREADABLE) and input_modules(s) is None]
+        inputs = [(k, b) for k, s in enumerate(run.steps(), start=1) for b in s.get("batches", [])
+                  if str(b).startswith(UNREADABLE) and input_modules(s) is not None]
+        if inputs:
+            k, b = inputs[0]
+            notes.append(f"Run {i}: the inputs of the model's forward (the data of steps without a DataLoader) could "
+                         f"not be fingerprinted {len(inputs)} time(s), the first at step {k} ({b[len(UNREADABLE):]}); "
+                         f"that data was not compared, so a divergence from step {k} on may come from the data.")
         if batches:
             k, b = batches[0]
             notes.append(f"Run {i}: {len(batches)} data batch(es) could not be read, the first at step {k} "
@@ -564,6 +624,7 @@ def compare_runs(runs: list[Run], *, one_command: bool = True) -> CheckResult:
         result.cause = "initial-weights"
     elif result.first[0].kind == "batches":
         result.cause = "data"
+        result.data_source = data_source_of(runs, result.first[0])
     elif kinds <= {"steps"}:
         result.cause = "steps"
     else:

@@ -6,6 +6,11 @@ It hooks three global places: ``torch.autograd.backward`` (the loss), the optimi
 named parameter, its gradient and its optimizer state. Scripts that update parameters by hand (no
 ``torch.optim``) get one step per ``backward()`` call instead.
 
+Scripts that draw their batches without a DataLoader (nanoGPT's ``get_batch``, any hand-written loop) have their
+data fingerprinted where the model receives it: the tensors passed to the outermost ``forward`` of the root
+modules (see :meth:`Recorder._on_root_call`), recorded in place of the batches of a step that saw no DataLoader
+batch (``"batches_source": "model-inputs"``).
+
 Recording never breaks the script: a tensor that cannot be fingerprinted, a batch that cannot be read and a
 value file that cannot be written are recorded as such (``"unreadable: <reason>"``, ``values_error``), with a
 :class:`~torchrepro._core.errors.ReproWarning`, and ``compare`` reports them.
@@ -21,7 +26,9 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import functools
 import hashlib
+import itertools
 import os
 import queue
 import random
@@ -31,11 +38,13 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .._core.errors import ReproWarning
@@ -55,7 +64,7 @@ from ..env.info import environment_summary
 from .compiled import CompileWatch, measure_graphs
 from .divergence import DivergenceWatch
 from .optrace import OpTracer
-from .store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, VALUES, TraceWriter, write_manifest  # noqa: F401
+from .store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, MODEL_INPUTS, OPS, VALUES, TraceWriter, write_manifest  # noqa: F401
 
 DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
 
@@ -342,6 +351,19 @@ class Recorder:
         self._pending_indices: list[str | None] = []
         self._indices_since_backward: list[str | None] = []
         self._batches_since_backward: list[str] = []
+        # The data of steps without a DataLoader batch: the inputs of the root modules' outermost forwards
+        # (fingerprints, and the class each went to), since the last backward() and since the last step.
+        self._inputs_since_backward: list[tuple[str, str]] = []
+        self._pending_inputs: list[tuple[str, str]] = []
+        self._fwd_depth = 0  # root forwards running (the outermost one's inputs are the data)
+        self._outputs: dict[int, StorageWeakRef] = {}  # storages of root outputs since the last backward()
+        self._finder: Any = None  # the global forward pre-hook that waits for the first training forward
+        self._roots: list[weakref.ref[nn.Module]] = []  # the modules whose forward inputs are recorded
+        self._root_handles: list[Any] = []
+        self._orig_script: Any = None  # torch.jit.script, while ours (which unhooks the roots) replaces it
+        self._filter: Any = None  # the warnings filter installed with it
+        self._token = next(_tokens)
+        _by_token[self._token] = self
         self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._optimizers: dict[Any, int] = {}  # strong refs: the final parameters are read at exit
         self._handles: list[Any] = []
@@ -440,6 +462,153 @@ class Recorder:
         self._pending_batches.append(fp)
         self._batches_since_backward.append(fp)
 
+    # --- the data of loops without a DataLoader: what the model's forward receives ---------------------------
+    def _install_finder(self) -> None:
+        """Wait for the first training forward (a global forward pre-hook, removed as it fires): its module is the
+        outermost one called, and the root modules are hooked from then on (:meth:`_found_roots`)."""
+        if self.timing or self._finder is not None:
+            return
+        hook = functools.partial(_find_roots, self._token)
+        self._finder = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+        # torch warns at every torch.compile'd module call while a global module hook exists: ours is gone
+        # before the compiled code runs (the first call of the compiled model is what removes it)
+        warnings.filterwarnings("ignore", message=_COMPILE_GLOBAL_HOOK_WARNING, category=UserWarning)
+        self._filter = warnings.filters[0]
+
+    def _remove_finder(self) -> None:
+        if self._finder is None:
+            return
+        self._finder.remove()
+        self._finder = None
+        with contextlib.suppress(ValueError, AttributeError):
+            warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
+
+    def _found_roots(self, first: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The first training forward: hook the root modules (those given, else those alive: a gc scan, once) and
+        ``first``, the outermost module called, which may be a wrapper (DDP, ``torch.compile``) around a root;
+        then record this call's inputs."""
+        self._remove_finder()
+        if self._loaders:  # the script feeds a DataLoader's batches: they are its data, the forward is not hooked
+            return
+        try:
+            roots = list(self._models.values()) if self._models is not None else list(discover_models().values())
+        except Exception:  # never break the forward for it: hook the module called
+            roots = []
+        if not any(m is first for m in roots):
+            roots.append(first)
+        self._roots = [weakref.ref(m) for m in roots]
+        self._hook_roots()
+        # this call's own hooks were picked before ours existed: its pre-hook does not run, its post-hook does
+        self._on_root_call(first, args, kwargs)
+
+    def _hook_roots(self) -> None:
+        for ref in self._roots:
+            module = ref()
+            if module is None:
+                continue
+            self._root_handles.append(module.register_forward_pre_hook(functools.partial(_root_pre_hook, self._token),
+                                                                       with_kwargs=True, prepend=True))
+            self._root_handles.append(module.register_forward_hook(functools.partial(_root_post_hook, self._token),
+                                                                   always_call=True))
+        if self._orig_script is None and self._root_handles:
+            self._orig_script = orig = torch.jit.script
+            token = self._token
+
+            @functools.wraps(orig)
+            def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                return _script_unhooked(token, orig, obj, *args, **kwargs)
+
+            script._torchrepro_token = token  # type: ignore[attr-defined]
+            torch.jit.script = script
+
+    def _unhook_roots(self) -> None:
+        for h in self._root_handles:
+            h.remove()
+        self._root_handles.clear()
+
+    @contextlib.contextmanager
+    def _roots_unhooked(self) -> Iterator[None]:
+        """``torch.jit.script`` compiles a module's hooks (Python hooks cannot be): ours are off meanwhile."""
+        hooked = bool(self._root_handles)
+        self._unhook_roots()
+        try:
+            yield
+        finally:
+            if hooked and self._active:
+                self._hook_roots()
+
+    def _on_root_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A root module's forward starts. The outermost one (not inside another root's forward) of a training
+        forward (autograd on, the module in training mode) in a step that has seen no DataLoader batch has its
+        tensor arguments fingerprinted: the data of the step. Eval and ``torch.no_grad`` forwards are not data;
+        tensors computed in the autograd graph, or views of an earlier root forward's output (``fake.detach()``,
+        a frozen model's features), are the model's own results, not data, and are left out."""
+        depth, self._fwd_depth = self._fwd_depth, self._fwd_depth + 1
+        if (depth or self.forked or not _grad_enabled() or not module.training or _unrecorded[0]
+                or self._batches_since_backward or torch._C._get_tracing_state() is not None):
+            return
+        found: list[tuple[str, torch.Tensor]] = []
+        _tensors_in(args, "args", found, 0)
+        _tensors_in(kwargs, "kwargs", found, 0)
+        data: dict[str, torch.Tensor] = {}
+        for path, t in found:
+            if (t.requires_grad and t.grad_fn is not None) or self._is_output(t):
+                continue
+            if _is_transform_wrapper(t) or _is_fake(t):
+                return  # inside a torch.func transform or a tracer: not the data itself
+            data[path] = t
+        if not data or len(self._inputs_since_backward) + len(self._pending_inputs) >= _MAX_INPUTS_PER_STEP:
+            return
+        label = _module_label(module)
+        fps = self._fps(data)
+        bad = next(((k, v) for k, v in fps.items() if v is None or v.startswith(UNREADABLE)), None)
+        if bad is not None:
+            fp = f"{UNREADABLE}{label}.forward {bad[0]}: {(bad[1] or '?')[len(UNREADABLE):]}"
+        else:
+            h = hashlib.blake2b(f"model-inputs|{label}".encode(), digest_size=16)
+            for k, v in fps.items():
+                h.update(f"|{k}={v}".encode())
+            fp = h.hexdigest()
+        self._inputs_since_backward.append((fp, label))
+
+    def _on_root_return(self, output: Any) -> None:
+        """A root module's forward ends: the outermost one's output storages are noted (see _on_root_call)."""
+        self._fwd_depth = max(0, self._fwd_depth - 1)
+        if self._fwd_depth or self.forked:
+            return
+        found: list[tuple[str, torch.Tensor]] = []
+        _tensors_in(output, "", found, 0)
+        if len(self._outputs) > _MAX_INPUTS_PER_STEP:  # forwards without backward(): keep those still alive
+            self._outputs = {k: ref for k, ref in self._outputs.items() if not ref.expired()}
+        for _, t in found:
+            with contextlib.suppress(Exception):  # a tensor without storage: nothing to recognise later
+                ref = StorageWeakRef(t.untyped_storage())
+                self._outputs[ref.cdata] = ref
+
+    def _is_output(self, t: torch.Tensor) -> bool:
+        if not self._outputs:
+            return False
+        try:
+            ref = self._outputs.get(t.untyped_storage()._cdata)
+        except Exception:
+            return False
+        return ref is not None and not ref.expired()
+
+    def _inputs_to_pending(self) -> list[tuple[str, str]]:
+        """Move the model inputs since the last backward() to the step's; return them."""
+        inputs, self._inputs_since_backward = self._inputs_since_backward, []
+        self._pending_inputs += inputs
+        self._outputs.clear()
+        return inputs
+
+    @staticmethod
+    def _data_fields(batches: list[str], inputs: list[tuple[str, str]]) -> dict[str, Any]:
+        """An event's ``batches``: the DataLoader batches, else the model inputs with where they came from."""
+        if batches or not inputs:
+            return {"batches": batches}
+        return {"batches": [fp for fp, _ in inputs], "batches_source": MODEL_INPUTS,
+                "input_modules": [label for _, label in inputs]}
+
     def _trace_boundary(self, next_step: int) -> None:
         """Called where step ``next_step`` begins: start or stop the op tracer for the traced range."""
         if self._tracer is None or self.trace_steps is None:
@@ -482,6 +651,7 @@ class Recorder:
         return 0 if self._optimizers_exist else self.backward_calls
 
     def _on_backward_start(self) -> None:
+        self._fwd_depth = 0  # no root forward runs as backward() starts (recomputed checkpoints count afresh)
         if self.stopped or self.stopped_diverged is not None:
             self._stop()  # (a divergence stop without an optimizer: the hand update of the last step is done)
         if self.stop_after is not None and self.completed_steps() >= self.stop_after:
@@ -510,6 +680,8 @@ class Recorder:
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
         self._pending_losses.append(loss.detach() if loss is not None else None)
+        self._remove_finder()  # no training forward before the first backward(): none of the script's is hooked
+        inputs = self._inputs_to_pending()
         if self.trace_mode == "backward":
             self._trace_boundary(self.backward_calls + 1)
         if self.steps:  # optimizer mode: the loss is fingerprinted with the step, in one batch
@@ -519,13 +691,15 @@ class Recorder:
         # gradients: record the loss and batches only, and spend none of the values budget.
         if self._optimizers_exist is None:
             self._optimizers_exist = optimizers_exist()
+        if not self._optimizers_exist:
+            self._pending_inputs = []  # each backward() is a step: its event holds them
         params = {} if self._optimizers_exist else self._all_model_params()
         fps = self._fps({"loss": loss, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()}})
         event: dict[str, Any] = {
             "kind": "backward", "n": self.backward_calls, "t": self._now(),
             "loss": {"fp": fps["loss"], "value": _float_hex(loss) if loss is not None else None},
-            "batches": self._batches_since_backward,
+            **self._data_fields(self._batches_since_backward, inputs),
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
         }
@@ -556,6 +730,8 @@ class Recorder:
             self.first_step_time = self._now()
         opt_idx = self._optimizers.setdefault(optimizer, len(self._optimizers))
         self._stepped.add(opt_idx)
+        self._remove_finder()
+        self._inputs_to_pending()  # forwards without backward() (torch.autograd.grad) belong to this step
         params = self._named_params([p for g in optimizer.param_groups for p in g["params"]], f"opt{opt_idx}")
         state, scalars = _optimizer_state(optimizer, params)
         losses, loss_tensors = self._losses()
@@ -566,7 +742,7 @@ class Recorder:
             entry["fp"] = fps[f"l:{i}"]
         event = {
             "kind": "step", "n": self.steps, "opt": opt_idx, "t": self._now(),
-            "losses": losses, "batches": self._pending_batches,
+            "losses": losses, **self._data_fields(self._pending_batches, self._pending_inputs),
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
@@ -579,6 +755,7 @@ class Recorder:
             if before is not None:
                 event["state_before"] = before
         self._pending_losses, self._pending_batches, self._batches_since_backward = [], [], []
+        self._pending_inputs = []
         self._pending_indices, self._indices_since_backward = [], []
         self.trace.write(event)
         if self.values is not None:
@@ -696,6 +873,7 @@ class Recorder:
                 rec._on_step(optimizer)
 
         self._handles.append(register_optimizer_step_post_hook(step_hook))
+        self._install_finder()
         if self.resume_marks:
             self._install_resume_marks(it_cls)
         self._active = True
@@ -737,9 +915,16 @@ class Recorder:
         if self._orig_next_index is not None:
             it_cls._next_index = self._orig_next_index  # type: ignore[method-assign]
             self._orig_next_index = None
+        self._remove_finder()
+        self._unhook_roots()
+        if self._orig_script is not None:
+            if getattr(torch.jit.script, "_torchrepro_token", None) == self._token:  # not replaced since
+                torch.jit.script = self._orig_script
+            self._orig_script = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._fwd_depth = 0
         self._active = False
         self._compile_watch.uninstall()
         if self in _installed:
@@ -836,6 +1021,123 @@ def unrecorded_batches() -> Iterator[None]:
         yield
     finally:
         _unrecorded[0] -= 1
+
+
+# --- the hooks on the root modules (module-level functions with a token: a hooked model stays picklable) -----
+_COMPILE_GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+_WRAPPER_CHILDREN = ("_orig_mod", "module", "_fsdp_wrapped_module")  # torch.compile, DDP/DP, FSDP
+_MAX_INPUT_TENSORS = 256
+_MAX_INPUT_DEPTH = 4
+_tokens = itertools.count(1)
+_by_token: weakref.WeakValueDictionary[int, Recorder] = weakref.WeakValueDictionary()
+_MAX_INPUTS_PER_STEP = 1024  # forwards recorded per step at most (a forward-only loop does not grow without end)
+_is_compiling: Any = (getattr(torch.compiler, "is_compiling", None) or getattr(torch._utils, "is_compiling", None)
+                      or (lambda: False))
+_is_exporting: Any = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
+_is_transform_wrapper: Any = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
+                                     lambda t: False)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    """A tensor without values of its own (a meta or fake tensor of a tracer): nothing to fingerprint."""
+    return t.is_meta or type(t).__name__ in ("FakeTensor", "FunctionalTensor")
+
+
+def _find_roots(token: int, module: nn.Module, args: tuple[Any, ...]) -> None:
+    """The global forward pre-hook of :meth:`Recorder._install_finder`: at the first training forward, hook the
+    root modules. It runs before the forward of every module until then, outermost first."""
+    if _is_compiling() or _is_exporting():
+        return
+    rec = _by_token.get(token)
+    if (rec is None or rec._finder is None or rec.forked or not _grad_enabled() or not module.training
+            or _unrecorded[0] or next(module.parameters(), None) is None):
+        return
+    try:
+        rec._found_roots(module, args, _call_kwargs(module))
+    except Exception as exc:  # never break the script's forward for it
+        rec._remove_finder()
+        rec._warn_once("inputs", f"could not watch the inputs of {type(module).__name__}.forward "
+                       f"({type(exc).__name__}: {exc}); steps without a DataLoader batch record no data.")
+
+
+def _call_kwargs(module: nn.Module) -> dict[str, Any]:
+    """The keyword arguments of the ``module(...)`` call whose global pre-hook runs (global forward pre-hooks
+    get only the positional ones): read from ``Module._call_impl``'s frame; {} if it cannot be found."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            break
+        local = frame.f_locals
+        if local.get("self") is module and isinstance(local.get("kwargs"), dict):
+            return dict(local["kwargs"])
+    return {}
+
+
+def _root_pre_hook(token: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if _is_compiling() or _is_exporting():  # traced into compiled code: nothing runs there
+        return
+    rec = _by_token.get(token)
+    if rec is None or not rec._active:
+        return
+    try:
+        rec._on_root_call(module, args, kwargs)
+    except Exception as exc:  # never break the script's forward for it
+        rec._warn_once("inputs", f"could not fingerprint the inputs of {type(module).__name__}.forward "
+                       f"({type(exc).__name__}: {exc}); steps without a DataLoader batch may record no data.")
+
+
+def _root_post_hook(token: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    if _is_compiling() or _is_exporting():
+        return
+    rec = _by_token.get(token)
+    if rec is None or not rec._active:
+        return
+    with contextlib.suppress(Exception):
+        rec._on_root_return(output)
+
+
+def _script_unhooked(token: int, script: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.jit.script`` while a recorder hooks root modules: their Python hooks cannot be scripted."""
+    rec = _by_token.get(token)
+    if rec is None:
+        return script(obj, *args, **kwargs)
+    with rec._roots_unhooked():
+        return script(obj, *args, **kwargs)
+
+
+def _tensors_in(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], depth: int) -> None:
+    """The tensors in a forward's arguments (or output), with their paths (``args[0]``, ``kwargs[labels]``), through
+    lists, tuples, mappings and dataclasses, at most ``_MAX_INPUT_DEPTH`` deep and ``_MAX_INPUT_TENSORS`` in all."""
+    if len(out) >= _MAX_INPUT_TENSORS:
+        return
+    if isinstance(obj, torch.Tensor):
+        out.append((path, obj))
+        return
+    if depth >= _MAX_INPUT_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, complex)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            _tensors_in(value, f"{path}[{i}]", out, depth + 1)
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            name = key if isinstance(key, (str, int)) else type(key).__name__
+            _tensors_in(value, f"{path}[{name}]", out, depth + 1)
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            _tensors_in(getattr(obj, f.name, None), f"{path}.{f.name}", out, depth + 1)
+
+
+def _module_label(module: nn.Module) -> str:
+    """The class whose forward gets the data: a wrapper's (DDP, ``torch.compile``, FSDP) inner module's."""
+    for _ in range(4):
+        children = module._modules
+        inner = children.get(next((n for n in _WRAPPER_CHILDREN if n in children), ""), None) \
+            if len(children) == 1 else None
+        if not isinstance(inner, nn.Module):
+            break
+        module = inner
+    return type(module).__name__
 
 
 _installed: list[Recorder] = []  # recorders installed in this process, the latest last

@@ -71,6 +71,8 @@ class TraceWriter:
             self._f.close()
 
 
+MODEL_INPUTS = "model-inputs"  # an event's "batches_source" when its batches are the inputs of the model's forward
+
 _AGAIN = "Record the run again with `torchrepro run --record DIR -- ...`."
 
 # The JSON types of the event fields that readers use (absent fields pass; see docs/formats.md).
@@ -82,6 +84,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # check --resume-at (Recorder(resume_marks=True, boundary_after=N)): RNG states, sample indices, state before
     "rng": ("object of strings or nulls",), "state_before": ("object of strings or nulls",),
     "batch_indices": ("list",), "after_step": ("int",),
+    # batches that are the inputs of the model's forward (no DataLoader batch in the step), and whose forward
+    "batches_source": ("string",), "input_modules": ("list of strings",),
 }
 LOSS_FIELDS: dict[str, tuple[str, ...]] = {"fp": ("string", "null"), "value": ("hex float string", "null")}
 # Fields each kind of event must have (its readers index them).
