@@ -115,7 +115,7 @@ def test_check_diverges_in_compiled_code_with_the_gradient_delta(located):
     assert 0 < grads["max_abs_delta"] < 1e-6 and grads["elements_differing"] > 0 and grads["max_ulp"] > 0
     assert doc["value_delta_text"].startswith(
         f"parameters identical so far; gradients differ by up to {grads['max_abs_delta']:.3g} (step {step}, "
-        "_orig_mod.transformer.wte.weight;")
+        "largest in _orig_mod.transformer.wte.weight;")
     compiled = doc["compiled"]
     assert compiled["in_compiled_code"] is True and compiled["region"] == 0
     region = compiled["regions"][0]
@@ -343,9 +343,10 @@ def test_compare_gives_gradient_delta_and_says_when_its_size_is_unknown(tmp_path
             grads["elements"]) == ("grads", 2, "_orig_mod.fc.weight", 0.25, 1, 4)
     assert state["kind"] == "state" and state["max_abs_delta"] is None  # no state snapshot was kept
     assert r.value_delta_text == (
-        "parameters identical so far; gradients differ by up to 0.25 (step 2, _orig_mod.fc.weight; 1 of 4 elements "
-        "differ); optimizer state differs from step 2 on (by how much is unknown: no snapshot of that step was kept; "
-        "check keeps them for the first 3 steps when they fit in the values budget)")
+        "parameters identical so far; gradients differ by up to 0.25 (step 2, largest in _orig_mod.fc.weight; 1 of 4 "
+        "elements differ in the 1 tensor that differs); optimizer state differs from step 2 on (by how much is "
+        "unknown: no snapshot of that step was kept; check keeps them for its first 3 steps, compare for its first "
+        "16, when they fit in the values budget)")
     assert r.to_json()["value_deltas"] == r.value_deltas and r.to_json()["parameters_identical"] is True
 
 

@@ -20,7 +20,7 @@ import torch
 
 from .._core.errors import RunsNotComparableError
 from .._core.fingerprint import LEGACY_ALGORITHM, UNREADABLE
-from ..record.store import MODEL_INPUTS, Run
+from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUE_STEPS, MODEL_INPUTS, Run
 from ..record.workdir import left_out_text, shared_text
 from .causes import SHARED_CWD, cause
 
@@ -670,14 +670,17 @@ def _value_deltas(runs: list[Run], result: CheckResult) -> None:
                     differing = [n for n, d in deltas.items() if not d.equal]
                     entry.update(max_abs_delta=m, tensor=where, max_ulp=deltas[where].max_ulp,
                                  elements_differing=sum(_differing_elements(va[n], vb[n]) for n in differing),
-                                 elements=sum(va[n].numel() for n in differing))
+                                 elements=sum(va[n].numel() for n in differing), tensors_differing=len(differing))
         result.value_deltas.append(entry)
         if entry["max_abs_delta"] is not None:
-            parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, {entry['tensor']}; "
-                         f"{entry['elements_differing']} of {entry['elements']} elements differ)")
+            count = entry.get("tensors_differing") or 1
+            parts.append(f"{label} by up to {entry['max_abs_delta']:.3g} (step {step}, largest in {entry['tensor']}; "
+                         f"{entry['elements_differing']} of {entry['elements']} elements differ in the "
+                         f"{count} tensor{'s that differ' if count != 1 else ' that differs'})")
         else:
             parts.append(f"{label} from step {step} on (by how much is unknown: no snapshot of that step was "
-                         "kept; check keeps them for the first 3 steps when they fit in the values budget)")
+                         f"kept; check keeps them for its first {GRAD_VALUE_STEPS} steps, compare for its first "
+                         f"{COMPARE_GRAD_STEPS}, when they fit in the values budget)")
     if parts:
         head = "parameters identical so far; " if result.params_identical else ""
         result.value_delta_text = head + "; ".join(parts)
@@ -744,14 +747,16 @@ def _growth(runs: list[Run], result: CheckResult) -> None:
         va = base.values(name)
         if va is None:
             continue
-        worst = 0.0
+        worst: float | None = None  # None: no other run kept this step (nothing measured: no 0.0 in the table)
         found: list[dict[str, Any]] = []
         for i, other in enumerate(runs[1:], start=2):
             vb = other.values(name)
             if vb is not None:
                 deltas = _deltas(va, vb)
-                worst = max(worst, _worst(deltas, "max_abs")[0])
+                worst = max(worst or 0.0, _worst(deltas, "max_abs")[0])
                 found += _nonfinite(deltas, k, i)
+        if worst is None:
+            continue
         result.param_delta[k] = worst
         if found and not nonfinite_step_seen:
             result.nonfinite += found

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.errors import Interrupted, ReproError
 from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
-from ..record.store import GRAD_VALUES_ENV, load_run
+from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUES_ENV, load_run
 from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir
 from ._options import add_run_options, determinism_options, positive_int
 from ._output import locate_failed
@@ -33,9 +33,8 @@ if TYPE_CHECKING:
     from ..analysis.crossrun import CompareResult
     from ..analysis.tolerance import Tolerance
 
-# compare keeps the gradients and optimizer state of the first steps too (values budget permitting), so that their
-# differences can be measured against the tolerance, not only the parameters'
-COMPARE_GRAD_STEPS = 16
+# compare keeps the gradients and optimizer state of the first COMPARE_GRAD_STEPS steps too (values budget
+# permitting), so that their differences can be measured against the tolerance, not only the parameters'
 
 
 PER_DTYPE = "dtype"  # --rtol dtype / --atol dtype: torch.testing.assert_close's default for each dtype

@@ -40,6 +40,7 @@ VALUES = "values"
 # `check` also keeps gradients and optimizer state (values/grads_N.pt, values/state_N.pt) of the first steps, within
 # the values budget, so that it can say how large their difference is while the parameters are still identical.
 GRAD_VALUE_STEPS = 3
+COMPARE_GRAD_STEPS = 16  # compare (two commands) keeps gradient and optimizer-state values of more steps
 GRAD_VALUES_ENV = "TORCHREPRO_GRAD_VALUE_STEPS"  # how many steps' gradients the launched recorder keeps (default 0)
 OPS = "ops.jsonl"
 RANK_DIR = re.compile(r"rank\d+")  # one rank's directory in a run of several ranks (manifest 'ranks')
