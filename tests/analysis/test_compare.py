@@ -385,3 +385,36 @@ def test_a_step_only_run_1_kept_values_of_has_no_growth_entry(tmp_path):
     runs = [make_run(tmp_path, "a", values=va), make_run(tmp_path, "b", values=vb, change=frozenset({("params", 2)}))]
     r = compare_runs(runs)
     assert r.verdict == "diverged" and r.param_delta == {1: 0.0}
+
+
+def test_a_values_file_with_tensors_that_hold_no_data_is_refused_by_name(tmp_path):
+    """A meta tensor was an internal error (exit 3) in the comparison; now the file is named, as any unusable file
+    is (exit 2)."""
+    why = "fc.weight (a meta tensor, which holds no data)"
+    va = {"final": {"fc.weight": torch.empty(2, device="meta"), "fc.bias": torch.zeros(1)}}
+    runs = [make_run(tmp_path, "a", values=va), make_run(tmp_path, "b", values=va, change=frozenset({("params", 3)}))]
+    with pytest.raises(RunDirError) as exc:
+        compare_runs(runs)
+    assert str(exc.value) == (f"{tmp_path / 'a' / 'values' / 'final.pt'}: holds tensors that cannot be compared by "
+                              f"value: {why}; values files hold dense tensors with data (the recorder saves "
+                              "parameters that way). Record the run again with torchrepro, or leave this file out of "
+                              "the run directory.")
+
+
+def test_complex_values_are_compared_by_their_real_and_imaginary_parts(tmp_path):
+    w = torch.tensor([1 + 2j, 3 + 4j])
+    runs = [make_run(tmp_path, "a", values={"final": {"fc.weight": w, "fc.bias": torch.zeros(1)}}),
+            make_run(tmp_path, "b", values={"final": {"fc.weight": w * 2, "fc.bias": torch.zeros(1)}},
+                     change=frozenset({("params", 3)}))]
+    r = compare_runs(runs)
+    assert r.final_max_abs_delta == 4.0 and r.final_max_abs_delta_tensor == "fc.weight"
+
+
+def test_sparse_values_are_compared_as_dense(tmp_path):
+    """A sparse gradient (nn.Embedding(sparse=True)) was an internal error (exit 3)."""
+    bias = torch.zeros(1)
+    runs = [make_run(tmp_path, "a", values={"final": {"fc.weight": torch.eye(2).to_sparse(), "fc.bias": bias}}),
+            make_run(tmp_path, "b", values={"final": {"fc.weight": (torch.eye(2) * 3).to_sparse(), "fc.bias": bias}},
+                     change=frozenset({("params", 3)}))]
+    r = compare_runs(runs)
+    assert r.final_max_abs_delta == 2.0 and r.final_max_abs_delta_tensor == "fc.weight"

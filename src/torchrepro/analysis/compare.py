@@ -488,6 +488,8 @@ def tensor_delta(a: torch.Tensor, b: torch.Tensor) -> TensorDelta | None:
         return None
     if _same_bits(a, b):
         return TensorDelta(True)
+    if a.is_complex():  # real and imaginary parts compared as floats
+        return tensor_delta(*(torch.view_as_real(t.detach().resolve_conj()) for t in (a, b)))
     if not a.is_floating_point():
         return TensorDelta(False)
     a, b = a.detach(), b.detach()

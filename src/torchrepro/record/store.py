@@ -188,7 +188,29 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         got = type(data).__name__ if not isinstance(data, dict) else "dict with non-tensor values"
         raise RunDirError(path, f"holds a {got}, expected a dict of tensors.", "Record the run again.")
+    for name, t in data.items():  # a sparse gradient (nn.Embedding(sparse=True)) is compared as the dense tensor
+        if t.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+            data[name] = t.to_dense()
+    odd = {name: why for name, why in ((k, _not_dense(v)) for k, v in data.items()) if why}
+    if odd:
+        shown = ", ".join(f"{name} ({why})" for name, why in list(odd.items())[:3]) + (" ..." if len(odd) > 3 else "")
+        raise RunDirError(path, f"holds tensors that cannot be compared by value: {shown}; values files hold dense "
+                          "tensors with data (the recorder saves parameters that way).",
+                          "Record the run again with torchrepro, or leave this file out of the run directory.")
     return data
+
+
+def _not_dense(t: torch.Tensor) -> str | None:
+    """Why ``t`` is not a dense tensor with data (another layout, meta, quantized), or None."""
+    import torch
+
+    if t.layout != torch.strided:
+        return f"{str(t.layout).replace('torch.', '')} layout"
+    if t.is_meta:
+        return "a meta tensor, which holds no data"
+    if t.is_quantized:
+        return "quantized"
+    return None
 
 
 # Globals that torch.save writes for plain tensors; anything else in a refused file is code to run on load.
