@@ -59,6 +59,7 @@ from .._core.fingerprint import (
 )
 from .._core.io import atomic_write
 from .._core.modules import discover_models, optimizers_exist
+from .._core.patches import Patches
 from ..distributed.ranks import unreplicated_names
 from ..env.info import environment_summary
 from .compiled import CompileWatch, measure_graphs
@@ -366,10 +367,7 @@ class Recorder:
         _by_token[self._token] = self
         self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._optimizers: dict[Any, int] = {}  # strong refs: the final parameters are read at exit
-        self._handles: list[Any] = []
-        self._orig_backward: Any = None
-        self._orig_next: Any = None
-        self._orig_next_index: Any = None
+        self._patches = Patches()  # autograd's backward, the DataLoader iterator's methods, the optimizer hooks
         self._active = False
         self._in_hook = False
         self._t0 = time.perf_counter()
@@ -836,8 +834,7 @@ class Recorder:
                 rec._in_hook = False
             return result
 
-        self._orig_backward = orig_backward
-        torch.autograd.backward = backward
+        self._patches.set(torch.autograd, "backward", backward)
 
         it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
         orig_next = it_cls.__next__
@@ -857,22 +854,20 @@ class Recorder:
             rec._on_batch(loader if loader is not None else type(it), batch, indices.popleft() if indices else None)
             return batch
 
-        self._orig_next = orig_next
-        it_cls.__next__ = __next__  # type: ignore[method-assign,assignment]
-        self._orig_iter_init = it_cls.__init__
+        self._patches.set(it_cls, "__next__", __next__)
         orig_init = it_cls.__init__
 
         def __init__(it: Any, loader: Any) -> None:
             orig_init(it, loader)
             it._torchrepro_loader = loader
 
-        it_cls.__init__ = __init__  # type: ignore[method-assign,assignment]
+        self._patches.set(it_cls, "__init__", __init__)
 
         def step_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not rec.forked:
                 rec._on_step(optimizer)
 
-        self._handles.append(register_optimizer_step_post_hook(step_hook))
+        self._patches.hook(register_optimizer_step_post_hook(step_hook))
         self._install_finder()
         if self.resume_marks:
             self._install_resume_marks(it_cls)
@@ -896,34 +891,24 @@ class Recorder:
                 it.__dict__.setdefault("_torchrepro_indices", collections.deque()).append(fp)
             return index
 
-        self._orig_next_index = orig_next_index
-        it_cls._next_index = _next_index
+        self._patches.set(it_cls, "_next_index", _next_index)
 
         def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not rec.forked:
                 rec._on_step_start(optimizer)
 
-        self._handles.append(register_optimizer_step_pre_hook(pre_hook))
+        self._patches.hook(register_optimizer_step_pre_hook(pre_hook))
 
     def uninstall(self) -> None:
         if not self._active:
             return
-        torch.autograd.backward = self._orig_backward
-        it_cls = torch.utils.data.dataloader._BaseDataLoaderIter
-        it_cls.__next__ = self._orig_next  # type: ignore[method-assign]
-        it_cls.__init__ = self._orig_iter_init  # type: ignore[method-assign]
-        if self._orig_next_index is not None:
-            it_cls._next_index = self._orig_next_index  # type: ignore[method-assign]
-            self._orig_next_index = None
+        self._patches.undo()
         self._remove_finder()
         self._unhook_roots()
         if self._orig_script is not None:
             if getattr(torch.jit.script, "_torchrepro_token", None) == self._token:  # not replaced since
                 torch.jit.script = self._orig_script
             self._orig_script = None
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
         self._fwd_depth = 0
         self._active = False
         self._compile_watch.uninstall()
