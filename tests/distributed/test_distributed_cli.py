@@ -53,7 +53,8 @@ def test_check_of_a_ddp_script_identical_with_per_rank_dropout(tmp_path):
     assert [r.manifest["steps"] for r in ranks] == [4, 4]
     with pytest.raises(RunDirError, match=r"is a run of 2 ranks \(torchrun\).*Pass one rank's directory"):
         load_run(out / "run1")
-    d = torchrepro("diff", "--json", str(out / "run1" / "rank1"), str(out / "run2" / "rank1"))
+    d = torchrepro("diff", "--json", "--out", str(out.parent / "diff"), str(out / "run1" / "rank1"),
+                   str(out / "run2" / "rank1"))  # its output beside the check's, not in the cwd
     assert d.returncode == 0 and json.loads(d.stdout)["verdict"] == "identical", d.stderr
     check_run_dir(out / "run1", flag="--out")  # a later check may replace it
 
