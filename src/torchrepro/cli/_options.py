@@ -1,5 +1,5 @@
 """The options commands share, defined once: argument types, the launch options of every command that runs a
-script (``run``, ``check``, ``compare``, ``bisect``), ``--json`` and ``--out``.
+script (``run``, ``check``, ``compare``, ``bisect``) and ``--json``.
 
 Example:
     >>> import argparse
@@ -117,10 +117,6 @@ def add_deterministic_except(p: argparse.ArgumentParser) -> None:
 
 def add_json_option(p: argparse.ArgumentParser, help: str = "write one JSON document to stdout") -> None:
     p.add_argument("--json", action="store_true", help=help)
-
-
-def add_out_option(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--out", metavar="DIR", help=help)
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

@@ -1,10 +1,10 @@
 """One verdict writer: every command that ends in a verdict goes out the same way.
 
 ``check`` (one process, ranks, ``--resume-at``), ``diff``, ``compare`` and ``bisect`` hand :func:`emit` a
-:class:`Verdict` and get the same sequence: the plot, the JSON document, ``report.html``, the extra files, the
-document saved, the terminal text (or the JSON) and the exit code. A file that cannot be written never loses the
-verdict: it is printed all the same, the document says ``"exit_code": 2`` and why (on stdout and, when it could be
-written, on disk), and the process exits 2.
+:class:`Verdict` and get the same sequence: the plot, the JSON document, ``report.html``, the document saved,
+the terminal text (or the JSON) and the exit code (``--locate``'s files: :func:`save_locate`). A file that
+cannot be written never loses the verdict: it is printed all the same, the document says ``"exit_code": 2`` and
+why (on stdout and, when it could be written, on disk), and the process exits 2.
 
 Example:
     >>> import tempfile
@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,6 @@ class Verdict:
     plot: Callable[[Path], Any] | None = None  # writes the plot to the path it is given
     # the full terminal text from (summary, plot, report); default: the summary and a "Report: PATH" line
     text: Callable[[str, str | None, Path | None], str] | None = None
-    files: list[tuple[Path, bytes]] = field(default_factory=list)  # more files saved beside it (locate_ops.txt)
 
 
 def write_file(path: Path, data: bytes, errors: WriteErrors) -> bool:
@@ -65,8 +64,6 @@ def emit(v: Verdict, out: Path, *, as_json: bool, errors: WriteErrors | None = N
         plot = str(made) if made else None
         doc["plot"] = plot
     doc["exit_code"] = v.exit_code
-    for path, data in v.files:
-        write_file(path, data, errors)
     summary = v.summary(plot)
     build = v.report
     report = write_report(out / REPORT, lambda: build(doc, summary), errors) if build is not None else None
