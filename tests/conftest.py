@@ -21,8 +21,9 @@ os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.enviro
 
 @pytest.fixture(autouse=True)
 def _restore_global_state():
-    """Every test leaves env vars, RNGs and determinism flags as it found them."""
+    """Every test leaves env vars, RNGs, determinism flags and torch's thread count as it found them."""
     env = dict(os.environ)
+    threads = torch.get_num_threads()
     config = current_config()
     py, npy, tc = random.getstate(), np.random.get_state(), torch.get_rng_state()
     yield
@@ -32,6 +33,8 @@ def _restore_global_state():
     random.setstate(py)
     np.random.set_state(npy)
     torch.set_rng_state(tc)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
