@@ -19,6 +19,7 @@ from ._checkrun import (
     Isolation,
     environment_differences,
     execute_runs,
+    isolation_for,
     output_dir,
 )
 from ._options import determinism_options
@@ -39,7 +40,7 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
                          nproc_per_node=nproc, rank_output=True)
     what = f"`{' '.join(args.user_command)}`"
     with lock_dir(out):
-        isolation = Isolation.for_check(args.fresh_cwd, out)
+        isolation = isolation_for(args.fresh_cwd, out)
         dirs = execute_runs(command, out, args.runs, opts, isolation)
         runs = [load_ranks(d)[1] for d in dirs]
         counts = {len(r) for r in runs}

@@ -29,18 +29,10 @@ from .._core.table import printable
 from ..record.launcher import CommandError, LaunchOptions, RunResult, parse_python_command
 from ..record.outdir import lock_dir, make_dir
 from ..record.resumeat import CHECKPOINT_ENV, FACTS_KEY
+from ..record.runfailure import tail_lines
+from ..record.runs import Isolation, PlannedRun, RunLoop
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks, load_run
-from ._checkrun import (
-    EnvironmentDifferences,
-    Isolation,
-    _failure,
-    _Progress,
-    environment_differences,
-    launch_run,
-    output_dir,
-    prepare_run,
-    tail_lines,
-)
+from ._checkrun import EnvironmentDifferences, environment_differences, isolation_for, output_dir
 from ._options import determinism_options
 
 if TYPE_CHECKING:
@@ -111,42 +103,31 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
     def plan(phase: str, path: str = "") -> dict[str, Any]:
         return {"phase": phase, "step": k, "checkpoint": path}
 
-    with _Progress(2) as progress:
-        label = " (uninterrupted)"
-        prepare_run(straight)
-        opts = isolation.options(1, out, straight, dataclasses.replace(base, resume_at=plan("straight")))
-        result = launch_run(command, straight, opts, progress, isolation, 1, label)
-        shared = isolation.run_done(1, straight)
-        if result.returncode != 0 or not _steps(result):
-            raise _failed(1, result, straight, shared, label)
+    with RunLoop(out, 2, isolation=isolation) as loop:
+        run = PlannedRun(command, dataclasses.replace(base, resume_at=plan("straight")), "uninterrupted")
+        result, _ = loop.run(1, run, straight)
         if _steps(result) <= k:
-            raise _too_short(1, label, _steps(result), k, straight, result)
+            raise _too_short(1, run.shown, _steps(result), k, straight, result)
 
-        label = f" (to step {k}, checkpoint, stop)"
-        prepare_run(stopped)
-        opts = isolation.options(2, out, stopped, dataclasses.replace(base, resume_at=plan("stop", checkpoint)))
-        result = launch_run(command, stopped, opts, progress, isolation, 2, label)
-        shared = isolation.run_done(2, stopped)
-        if result.returncode != 0 or not _steps(result):
-            raise _failed(2, result, stopped, shared, label)
+        run = PlannedRun(command, dataclasses.replace(base, resume_at=plan("stop", checkpoint)),
+                         f"to step {k}, checkpoint, stop")
+        result, _ = loop.run(2, run, stopped)
         facts = _rank_facts(stopped, nproc) if nproc else (result.manifest or {}).get(FACTS_KEY) or {}
         if _steps(result) < k:
-            raise _too_short(2, label, _steps(result), k, stopped, result)
+            raise _too_short(2, run.shown, _steps(result), k, stopped, result)
         if not facts.get("checkpoint_written") or not facts.get("checkpoint"):
             raise _no_checkpoint(k, facts, checkpoint, stopped, nproc)
 
-        label = f" (resumed from step {k})"
         after = dataclasses.replace(base, max_steps=base.max_steps - k if base.max_steps else None,
                                     resume_at=plan("resume", str(facts["checkpoint"])))
-        prepare_run(resumed)
-        opts = isolation.options_again(resumed, after)
-        result = launch_run(command, resumed, opts, progress, isolation, 2, label)
-        shared = isolation.restart_done(2, resumed)
+        run = PlannedRun(command, after, f"resumed from step {k}")
+        result, shared = loop.run(2, run, resumed, again=True, check=False)
         if result.returncode != 0:
-            raise _failed(2, result, resumed, shared, label)
+            raise loop.failure(2, resumed, result, run.shown, shared)
         if not _steps(result):
-            raise _error(f"run 2{label} trained no step after the restart: it did not resume training (the script "
-                         f"may think it is done, e.g. a step counter restored past the end). {PROTOCOL}.", resumed)
+            raise _error(f"run 2{run.shown} trained no step after the restart: it did not resume training (the "
+                         f"script may think it is done, e.g. a step counter restored past the end). {PROTOCOL}.",
+                         resumed)
     return ResumeRuns(straight, stopped, resumed, facts)
 
 
@@ -165,15 +146,6 @@ def clear_checkpoints(folder: Path) -> None:
                          f"{CHECKPOINTS_MARK}); check --resume-at writes its checkpoint there and would replace it. "
                          "Move it elsewhere if it is yours (or delete it if you no longer need it), or pass another "
                          "--out.")
-
-
-def _failed(i: int, result: RunResult, run_dir: Path, shared: str | None, label: str) -> ScriptError:
-    """A failed launch's error; of several ranks, with the phase named as for one process."""
-    error = _failure(i, 2, result, run_dir, shared, label)
-    if not (result.manifest or {}).get("ranks") or not label:
-        return error
-    return ScriptError(str(error).replace(f"run {i} of 2 ", f"run {i} of 2{label} ", 1),
-                       stderr_path=error.stderr_path)
 
 
 def _rank_facts(run_dir: Path, nproc: int) -> dict[str, Any]:
@@ -268,7 +240,7 @@ def run_resume_check(args: argparse.Namespace, command: list[str], nproc: int | 
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)},
                          nproc_per_node=nproc, rank_output=bool(nproc))
     with lock_dir(out):
-        isolation = Isolation.for_check(args.fresh_cwd, out)
+        isolation = isolation_for(args.fresh_cwd, out)
         runs = execute_resume_runs(command, out, k, base, isolation)
         if nproc:
             return _check_ranks(runs, out, k, nproc, isolation, what=f"`{' '.join(args.user_command)}`",

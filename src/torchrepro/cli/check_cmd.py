@@ -20,6 +20,7 @@ from ._checkrun import (
     WriteErrors,
     environment_differences,
     execute_runs,
+    isolation_for,
     output_dir,
 )
 from ._options import add_json_option, add_launch_options, determinism_options, launch_words, positive_int, runs_arg
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                          keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
     with lock_dir(out):
-        isolation = Isolation.for_check(args.fresh_cwd, out)
+        isolation = isolation_for(args.fresh_cwd, out)
         dirs = execute_runs(command, out, args.runs, opts, isolation, parallel=args.parallel,
                             stop_after=None if args.full_runs else args.steps_after_divergence,
                             prestart=not args.no_prestart)

@@ -23,7 +23,7 @@ from .._core.errors import Interrupted, ReproError
 from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUES_ENV, load_run
-from ._checkrun import Isolation, WriteErrors, environment_differences, output_dir
+from ._checkrun import WriteErrors, environment_differences, isolation_for, output_dir
 from ._options import add_run_options, determinism_options, positive_int
 from ._output import locate_failed
 from ._sides import Side, parse_side, record_side
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     with lock_dir(out):
         # both commands run in this directory: B reading what A wrote there would void the comparison
         both = all(side.recorded is None for side in sides)
-        isolation = Isolation.for_check(False, out) if both else None
+        isolation = isolation_for(False, out) if both else None
         dirs = [record_side(side, out / side.label.lower(), opts, isolation=isolation, number=k)
                 for k, side in enumerate(sides, start=1)]
         from ..analysis.crossrun import compare_commands

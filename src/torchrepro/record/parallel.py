@@ -12,19 +12,19 @@ machine; they only take longer each. On a machine with a GPU per run, each run g
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from .._core.errors import Interrupted
-from ..record.divergence import stop_plan
-from ..record.launcher import FORWARDED, LaunchOptions, RunResult, interrupt_all
-from ..record.outdir import check_run_dir, clear_run_dir, make_dir
+from .launcher import FORWARDED, RunResult, interrupt_all
+from .outdir import check_run_dir, clear_run_dir, make_dir
+
+Run = TypeVar("Run")  # a run as the loop prepared it (record.runs.PlannedRun)
 
 GPU_PROC = Path("/proc/driver/nvidia/gpus")
 CTRL_C_GRACE_S = 2.0  # after a Ctrl-C, the scripts (which got it from the terminal) get this long before SIGINT
@@ -57,31 +57,24 @@ def devices_for(n: int, environ: dict[str, str] | None = None, proc: Path = GPU_
     return ids[:n] if len(ids) >= n else None
 
 
-def run_parallel(command: list[str], out: Path, dirs: list[Path], opts: LaunchOptions, isolation: Any,
-                 stop_after: int | None, launch_one: Callable[[int, list[str], LaunchOptions], RunResult]
-                 ) -> list[RunResult]:
-    """Launch a run into each of ``dirs`` at once (``launch_one(i, command, options)`` for run ``i``, in a thread
-    of its own); return their results in order. When this process got SIGINT, SIGTERM or SIGHUP, every run is
-    stopped and Interrupted is raised once all have ended."""
+def run_parallel(dirs: list[Path], prepare: list[Callable[[Path, str | None], Run]],
+                 launch_one: Callable[[int, Run, Path], RunResult]) -> list[RunResult]:
+    """Launch a run into each of ``dirs`` at once (``prepare[k](dirs[k], device)`` gives run k its directory,
+    working directory and GPU if each run gets one, ``launch_one(k, run, dirs[k])`` runs it, in a thread of its
+    own); return their results in order. When this process got SIGINT, SIGTERM or SIGHUP, every run is stopped and
+    Interrupted is raised once all have ended."""
     for run_dir in dirs:  # no run reads what an earlier check left in a directory beside it
         check_run_dir(run_dir, flag="--out")
         make_dir(run_dir, flag="--out", parents=True)
         clear_run_dir(run_dir)
     devices = devices_for(len(dirs))
-    plans: list[tuple[list[str], LaunchOptions]] = []
-    for i, run_dir in enumerate(dirs, start=1):
-        opts_i = isolation.options(i, out, run_dir, opts)
-        if stop_after is not None:
-            opts_i = dataclasses.replace(opts_i, divergence_stop=stop_plan(dirs, i - 1, stop_after))
-        if devices is not None:
-            opts_i = dataclasses.replace(opts_i, extra_env={**opts_i.extra_env, "CUDA_VISIBLE_DEVICES": devices[i - 1]})
-        plans.append((isolation.command(command), opts_i))
+    plans = [prepare[k](run_dir, None if devices is None else devices[k]) for k, run_dir in enumerate(dirs)]
     results: list[RunResult | None] = [None] * len(dirs)
     errors: list[BaseException | None] = [None] * len(dirs)
 
     def work(k: int) -> None:
         try:
-            results[k] = launch_one(k + 1, *plans[k])
+            results[k] = launch_one(k, plans[k], dirs[k])
         except BaseException as exc:  # noqa: BLE001 - raised in the main thread below
             errors[k] = exc
 
