@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._output import NOT_TRACED
 from ._render import failure_lines
 
 
@@ -65,7 +66,7 @@ def render_compare_locate(doc: dict[str, Any]) -> str:
     if doc.get("compiled"):
         return render_compiled_locate(doc)
     lines = ["", f"Locate: {doc['title']}"]
-    if doc["verdict"] in ("nothing-to-locate", "skipped", "failed"):
+    if doc["verdict"] in NOT_TRACED:
         return "\n".join(lines + failure_lines(doc))
     traced = ", ".join(map(str, doc.get("traced_steps") or [])) or "-"
     n = doc.get("ops_traced") or [0, 0]

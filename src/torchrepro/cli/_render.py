@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.table import printable
 from ..analysis.compare import LABELS, CheckResult
+from ._output import NOT_TRACED
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import ResumeResult
@@ -179,7 +180,7 @@ def render_locate(doc: dict[str, Any]) -> str:
     if doc.get("compiled"):
         return render_compiled_locate(doc)
     lines = ["", f"Locate: {doc['title']}"]
-    if verdict in ("nothing-to-locate", "skipped", "failed"):
+    if verdict in NOT_TRACED:
         return "\n".join(lines + failure_lines(doc))
     traced = doc.get("traced_steps") or []
     lines[-1] += (f" (traced step(s) {', '.join(map(str, traced)) or '-'} in {doc.get('traced_in', 'two re-runs')}: "
