@@ -55,7 +55,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     from .distributed.ranks import ConsistencyReport, check_consistency, sync_rng_states
     from .env.audit import AuditItem, AuditReport, audit
     from .env.info import Environment, environment, environment_summary
-    from .measure.nondeterminism import TOLERANCES, NondeterminismReport, assert_deterministic, measure_nondeterminism
+    from .measure.assertdet import TOLERANCES, assert_deterministic
+    from .measure.nondeterminism import NondeterminismReport, measure_nondeterminism
     from .record.metrics import log_metric
     from .record.optrace import trace_ops
     from .record.recorder import watch
@@ -99,9 +100,9 @@ _EXPORTS: dict[str, str] = {
     "StateFileError": "_core.errors",
     "fingerprint": "_core.fingerprint",
     "fingerprint_many": "_core.fingerprint",
-    "TOLERANCES": "measure.nondeterminism",
+    "TOLERANCES": "measure.assertdet",
     "NondeterminismReport": "measure.nondeterminism",
-    "assert_deterministic": "measure.nondeterminism",
+    "assert_deterministic": "measure.assertdet",
     "measure_nondeterminism": "measure.nondeterminism",
     "log_metric": "record.metrics",
     "trace_ops": "record.optrace",

@@ -118,7 +118,7 @@ class RenamedRun(Run):
 def positional_renames(run_a: Run, run_b: Run) -> dict[str, str] | None:
     """``{b's name: a's name}`` for the parameters whose names differ at the same position, when both runs list
     the same number of parameters under other names (a layer renamed); None otherwise."""
-    from .compare import _param_names
+    from .comparable import _param_names
     from .crossrun import plain_name
 
     names_a, names_b = _param_names(run_a), _param_names(run_b)

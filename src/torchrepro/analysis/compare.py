@@ -9,20 +9,18 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import math
-import re
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
-from .._core.errors import RunsNotComparableError
-from .._core.fingerprint import LEGACY_ALGORITHM, UNREADABLE
+from .._core.fingerprint import UNREADABLE
 from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUE_STEPS, MODEL_INPUTS, Run
 from ..record.workdir import left_out_text, shared_text
 from .causes import SHARED_CWD, cause
+from .comparable import check_comparable
+from .comparable import command_key as command_key  # re-exported: where the runs' commands are compared
+from .tensordelta import _deltas, _differing_elements, _nonfinite, _worst, tensor_delta
+from .tensordelta import ulp_distance as ulp_distance  # re-exported with tensor_delta: where tensors are compared
 
 SCHEMA = "torchrepro.check/1"
 
@@ -175,134 +173,6 @@ def note_shared_workdir(result: CheckResult, watch: dict[str, Any]) -> None:
                             "reads (run check from the project's own directory, or use --fresh-cwd).")
 
 
-# --- can the runs be compared at all? ------------------------------------------------------------------
-_PYTHON_NAME = re.compile(r"python[0-9.]*(\.exe)?|py(\.exe)?", re.IGNORECASE)
-_LIST_LIMIT = 5
-
-
-def _basename(word: str) -> str:
-    return re.split(r"[\\/]", word)[-1]
-
-
-def command_key(command: list[str]) -> list[str]:
-    """A command as compared between runs: the interpreter is ``python`` whatever its path, and the script is its
-    file name, so that the same command on two machines (other Python installs, other folders) compares equal.
-
-    >>> command_key(["/usr/bin/python3.11", "/home/a/train.py", "--lr", "0.1"])
-    ['python', 'train.py', '--lr', '0.1']
-    """
-    words = [str(w) for w in command]
-    if words and _PYTHON_NAME.fullmatch(_basename(words[0])):
-        words[0] = "python"
-    else:
-        words.insert(0, "python")
-    for i in range(1, len(words)):
-        if words[i] in ("-m", "-c"):
-            break
-        if not words[i].startswith("-"):
-            words[i] = _basename(words[i])
-            break
-    return words
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:_LIST_LIMIT]) + (f" (+{len(names) - _LIST_LIMIT} more)" if len(names) > _LIST_LIMIT else "")
-
-
-def _command_changes(a: list[str], b: list[str], i: int) -> str:
-    """What differs between two commands' words, e.g. ``'0.1' in run 1 vs '0.2' in run 2``."""
-    parts = []
-    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        x, y = " ".join(a[a1:a2]), " ".join(b[b1:b2])
-        if tag == "replace":
-            parts.append(f"{x!r} in run 1 vs {y!r} in run {i}")
-        elif tag == "delete":
-            parts.append(f"{x!r} only in run 1")
-        elif tag == "insert":
-            parts.append(f"{y!r} only in run {i}")
-    return "; ".join(parts)
-
-
-def _param_names(run: Run) -> list[str] | None:
-    """Parameter names from the first event that lists them (init, else the first step, else final)."""
-    for event in run.of_kind("init")[:1] + run.steps()[:1] + run.of_kind("final")[:1]:
-        if isinstance(event.get("params"), dict):
-            return list(event["params"])
-    return None
-
-
-def _param_specs(run: Run) -> dict[str, str] | None:
-    """``{name: "[3, 4] float32"}`` from saved values (memory-mapped, not read), or None without values."""
-    for name in ("init", "final"):
-        values = run.values(name, mmap=True)
-        if values is not None:
-            return {k: f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for k, t in values.items()}
-    return None
-
-
-def fingerprint_algorithm(run: Run) -> str | None:
-    """The fingerprint algorithm(s) a run used; runs from before the manifest named it used the legacy one."""
-    if "fingerprint_algorithm" not in run.manifest:
-        return LEGACY_ALGORITHM
-    value = run.manifest["fingerprint_algorithm"]
-    return str(value) if value else None  # null: nothing fingerprinted, or the script died before saying
-
-
-def check_comparable(runs: list[Run], *, one_command: bool = True) -> None:
-    """Raise :class:`RunsNotComparableError` when runs ran different commands or built different models.
-
-    Parameter names come from the trace; shapes and dtypes from saved values (when both runs have them).
-    ``one_command=False`` (``torchrepro compare``: two different commands on purpose) accepts other commands
-    and other dtypes (fp32 vs bf16), and still refuses other parameter names and shapes.
-    """
-    problems: list[str] = []
-    same_command = True
-    same_algorithm = True
-    base = runs[0]
-    for i, other in enumerate(runs[1:], start=2):
-        fa, fb = fingerprint_algorithm(base), fingerprint_algorithm(other)
-        if fa and fb and fa != fb:
-            same_algorithm = False
-            problems.append(f"they fingerprinted tensors with different algorithms: run 1 with {fa}, run {i} with "
-                            f"{fb}; equal values get different fingerprints, so no step can be compared")
-        ca, cb = base.manifest.get("command"), other.manifest.get("command")
-        if one_command and isinstance(ca, list) and isinstance(cb, list) and command_key(ca) != command_key(cb):
-            same_command = False
-            problems.append(f"they ran different commands: run 1 ran `{' '.join(map(str, ca))}`, run {i} ran "
-                            f"`{' '.join(map(str, cb))}` ({_command_changes(command_key(ca), command_key(cb), i)})")
-        na, nb = _param_names(base), _param_names(other)
-        if na is not None and nb is not None:
-            only_a, only_b = [n for n in na if n not in set(nb)], [n for n in nb if n not in set(na)]
-            if only_a:
-                problems.append(f"run 1's model has {len(only_a)} parameter(s) that run {i}'s lacks: {_some(only_a)}")
-            if only_b:
-                problems.append(f"run {i}'s model has {len(only_b)} parameter(s) that run 1's lacks: {_some(only_b)}")
-        sa, sb = _param_specs(base), _param_specs(other)
-        if sa is not None and sb is not None and not one_command:  # shapes only: "[3, 4] float32" -> "[3, 4]"
-            sa, sb = ({k: v.rsplit(" ", 1)[0] for k, v in s.items()} for s in (sa, sb))
-        if sa is not None and sb is not None:
-            changed = [f"{n}: {sa[n]} in run 1, {sb[n]} in run {i}" for n in sa if n in sb and sa[n] != sb[n]]
-            if changed:
-                problems.append(f"{len(changed)} parameter(s) differ in shape or dtype: {_some(changed)}")
-    if not problems:
-        return
-    paths = "Runs: " + ", ".join(f"{k} = {r.path}" for k, r in enumerate(runs, start=1)) + "."
-    if not same_algorithm:
-        action = ("Compare runs recorded by the same torchrepro version with the model on the same kind of device "
-                  "(CPU tensors are hashed with XXH3, tensors on other devices on the device itself).")
-    elif not one_command:
-        action = ("torchrepro compare compares the steps of two commands that train the same parameters (the same "
-                  "names and shapes; torch.compile's _orig_mod. is ignored): make both build the same model.")
-    elif same_command:
-        action = ("The same command built models with different parameters: the model's structure depends on "
-                  "something that changes between runs (unseeded randomness, the environment, files it reads). "
-                  "Make it depend only on the command and seeded random numbers, then compare again.")
-    else:
-        action = ("torchrepro compares runs of the same command (e.g. the same training on two machines); record "
-                  "both runs with one command and model, then compare again.")
-    raise RunsNotComparableError(problems, f"{action} {paths}")
-
-
 def _diff_maps(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
     a, b = a or {}, b or {}
     return [k for k in list(a) + [k for k in b if k not in a] if a.get(k) != b.get(k)]
@@ -435,122 +305,6 @@ def _loss_deltas(result: CheckResult) -> None:
         result.loss_delta.append(None if math.isnan(worst) else worst)
 
 
-_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
-             torch.bfloat16: torch.int16}
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaNs with the same bits are equal; -0.0 and 0.0 are not)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.numel() == 0:
-        return True
-    ra, rb = a.detach().contiguous().reshape(-1), b.detach().contiguous().reshape(-1)
-    if ra.dtype != torch.bool:
-        ra, rb = ra.view(torch.uint8), rb.view(torch.uint8)
-    return bool(torch.equal(ra, rb))
-
-
-def _ordered(x: torch.Tensor) -> torch.Tensor:
-    """Float bits mapped onto a monotonic integer line: int64 for 32 bits and fewer (differences exact), float64 for
-    float64 (whose line spans about 2**64: exact up to 2**53, no overflow)."""
-    ix = x.contiguous().view(_INT_VIEW[x.dtype]).long()
-    top = (1 << (torch.iinfo(_INT_VIEW[x.dtype]).bits - 1)) - 1
-    ordered = torch.where(ix < 0, -(ix & top), ix)
-    return ordered.double() if x.dtype == torch.float64 else ordered
-
-
-@dataclass
-class TensorDelta:
-    """How two same-shape tensors differ. |Δ| and ULPs cover positions finite in both; NaN/Inf are counted apart."""
-
-    equal: bool  # bitwise
-    max_abs: float = 0.0
-    max_ulp: int = 0
-    nan_only: tuple[int, int] = (0, 0)  # positions that are NaN in the first tensor only, in the second only
-    inf: int = 0  # positions where an ±Inf (in either) meets a different value that is not NaN
-
-    def nonfinite_text(self, name: str, run_a: int, run_b: int) -> list[str]:
-        """Sentences like ``param fc.weight: NaN at 3 positions in run 2 only`` (runs numbered from 1)."""
-        out = []
-        for count, run in zip(self.nan_only, (run_a, run_b)):
-            if count:
-                out.append(f"{name}: NaN at {count} position{'s' if count > 1 else ''} in run {run} only")
-        if self.inf:
-            out.append(f"{name}: ±Inf at {self.inf} position{'s' if self.inf > 1 else ''} where run {run_a} and "
-                       f"run {run_b} differ")
-        return out
-
-
-def tensor_delta(a: torch.Tensor, b: torch.Tensor) -> TensorDelta | None:
-    """Compare bits first (identical bits: Δ 0, even with NaNs), then values; None for different shapes or dtypes."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return None
-    if _same_bits(a, b):
-        return TensorDelta(True)
-    if a.is_complex():  # real and imaginary parts compared as floats
-        return tensor_delta(*(torch.view_as_real(t.detach().resolve_conj()) for t in (a, b)))
-    if not a.is_floating_point():
-        return TensorDelta(False)
-    a, b = a.detach(), b.detach()
-    finite = torch.isfinite(a) & torch.isfinite(b)
-    delta = TensorDelta(False)
-    if bool(finite.all()):  # the usual case: no masks, no copies of the finite positions
-        fa, fb = a, b
-    else:
-        na, nb = torch.isnan(a), torch.isnan(b)
-        inf = ~(na | nb) & ~finite & (a != b)
-        delta.nan_only, delta.inf = (int((na & ~nb).sum()), int((nb & ~na).sum())), int(inf.sum())
-        if not bool(finite.any()):
-            return delta
-        fa, fb = a[finite], b[finite]
-    delta.max_abs = min(float((fa.double() - fb.double()).abs().max()), sys.float_info.max)
-    if a.dtype in _INT_VIEW:
-        delta.max_ulp = int((_ordered(fa) - _ordered(fb)).abs().max())
-    return delta
-
-
-def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Largest distance in units in the last place between two same-shape float tensors (0 if identical).
-
-    Positions where either value is NaN or ±Inf are left out (see :func:`tensor_delta`).
-    """
-    if a.dtype not in _INT_VIEW or a.shape != b.shape or a.numel() == 0:
-        return 0
-    d = tensor_delta(a, b)
-    return d.max_ulp if d is not None else 0
-
-
-def _deltas(va: dict[str, torch.Tensor], vb: dict[str, torch.Tensor]) -> dict[str, TensorDelta]:
-    """Per-tensor deltas of the tensors both snapshots hold with the same shape and dtype."""
-    out = {}
-    for name, x in va.items():
-        y = vb.get(name)
-        d = tensor_delta(x, y) if y is not None else None
-        if d is not None:
-            out[name] = d
-    return out
-
-
-def _worst(deltas: dict[str, TensorDelta], attr: str) -> tuple[float, str | None]:
-    """Largest ``attr`` (finite |Δ| or ULPs) and its tensor; the first differing tensor when all are 0."""
-    best, where = 0.0, None
-    for name, d in deltas.items():
-        if not d.equal and (getattr(d, attr) > best or where is None):
-            best, where = getattr(d, attr), name
-    return best, where
-
-
-def _nonfinite(deltas: dict[str, TensorDelta], step: int | None, run: int) -> list[dict[str, Any]]:
-    """Entries for ``CheckResult.nonfinite``: NaN/Inf positions that differ between run 1 and ``run``."""
-    out = []
-    for name, d in deltas.items():
-        for text in d.nonfinite_text(name, 1, run):
-            out.append({"step": step, "tensor": name, "runs": [0, run - 1], "nan_only": list(d.nan_only),
-                        "inf": d.inf, "text": text})
-    return out
-
-
 def _values_name(step: int, mode: str) -> str:
     return f"step_{step:06d}" if mode == "optimizer" else f"backward_{step:06d}"
 
@@ -639,12 +393,6 @@ def compare_runs(runs: list[Run], *, one_command: bool = True) -> CheckResult:
 
 # --- gradients and optimizer state while the parameters are still identical ------------------------------
 _VALUE_KINDS = {"grads": ("grads", "gradients differ"), "state": ("state", "optimizer state differs")}
-
-
-def _differing_elements(a: torch.Tensor, b: torch.Tensor) -> int:
-    if a.dtype in _INT_VIEW:
-        return int((a.contiguous().view(_INT_VIEW[a.dtype]) != b.contiguous().view(_INT_VIEW[b.dtype])).sum())
-    return int((a != b).sum())
 
 
 def _value_deltas(runs: list[Run], result: CheckResult) -> None:

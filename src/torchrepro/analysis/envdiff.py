@@ -26,10 +26,10 @@ from .._core.errors import EnvFileError, RunDirError, TracesNotComparableError
 from .._core.readjson import read_json
 from .._core.table import printable
 from ..env.info import CPU_FEATURES, SCHEMA, Environment
-from ..record.optrace import read_ops
+from ..record.opsfile import read_ops
 from ..record.store import FORMAT as RUN_FORMAT
 from ..record.store import MANIFEST, OPS, Run, load_run
-from .compare import command_key
+from .comparable import command_key
 from .locate import locate_ops
 
 DIFF_SCHEMA = "torchrepro.env-diff/1"

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..control.registry import nondeterministic_ops
-from ..record.optrace import EMPTY_OPS, RESIZE_OPS, UNINITIALIZED
+from ..record.opfps import UNINITIALIZED
+from ..record.optrace import EMPTY_OPS, RESIZE_OPS
 
 # Ops that write none of the memory their output holds: what it holds was there before (fresh memory, a storage
 # handed to ``set_``, the part a ``resize_`` adds, bytes ``as_strided`` reaches past its input). When their

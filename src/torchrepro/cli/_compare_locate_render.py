@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._output import NOT_TRACED
-from ._render import failure_lines
+from ._render import NOT_TRACED, failure_lines
 
 
 def _fmt(x: float | None) -> str:

@@ -88,7 +88,6 @@ def save_locate(out: Path, doc: dict[str, Any], table: str | None, errors: Write
     return doc
 
 
-NOT_TRACED = ("nothing-to-locate", "skipped", "failed")  # locate verdicts with no op to show
 
 
 def locate_failed(exc: Exception, rerun: str) -> dict[str, Any]:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.table import printable
 from ..analysis.compare import LABELS, CheckResult
-from ._output import NOT_TRACED
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import ResumeResult
 
+
+NOT_TRACED = ("nothing-to-locate", "skipped", "failed")  # locate verdicts with no op to show
 
 def _names(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(printable(n) for n in names[:limit])  # a name from a run directory is untrusted

@@ -24,7 +24,7 @@ from ._checkrun import (
     output_dir,
 )
 from ._options import add_json_option, add_launch_options, determinism_options, launch_words, positive_int, runs_arg
-from ._output import NOT_TRACED, locate_failed, save_locate
+from ._output import locate_failed, save_locate
 from ._usage import COMMAND_TAIL, set_usage
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
@@ -212,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
                 raise
             except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
                 located = locate_failed(exc, f"torchrepro check --locate -- {' '.join(command)}")
+        from ._render import NOT_TRACED
+
         if located is not None and located.get("verdict") not in NOT_TRACED:
             result.next_action = LOCATED_NEXT  # not "check --locate names the operation": it just ran
         return finish(result, out, what=f"`{' '.join(command)}`", as_json=args.json, located=located,

@@ -155,7 +155,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if marker is None:
         return None
     runs, atol, rtol = _marker_options(marker)
-    from ..measure.nondeterminism import (  # only tests with the marker need them
+    from ..measure.assertdet import (  # only tests with the marker need them
         UncomparableResultError,
         find_nondeterminism,
     )

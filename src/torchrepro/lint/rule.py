@@ -11,7 +11,9 @@ from functools import cached_property
 from typing import ClassVar
 
 from . import knowledge as K
-from .flow import DRAW, Summary, Walker, classify_call, is_seed_choice, may_draw
+from .classify import classify_call, is_seed_choice, may_draw
+from .events import DRAW, Summary
+from .flow import Walker
 from .module import Module, Scope
 from .project import Project
 

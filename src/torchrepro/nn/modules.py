@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import functional as F
+from ._convtranspose import _CONSTRUCTIONS
 
 __all__ = ["ConvTranspose2d", "EmbeddingBag"]
 
@@ -26,9 +27,9 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
 
     def __init__(self, *args: Any, construction: str = "native", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if construction not in F._CONSTRUCTIONS:
+        if construction not in _CONSTRUCTIONS:
             raise F.UnsupportedOptionError(f"ConvTranspose2d: construction={construction!r}; expected one of "
-                                           f"{', '.join(F._CONSTRUCTIONS)}")
+                                           f"{', '.join(_CONSTRUCTIONS)}")
         if self.padding_mode != "zeros":
             raise F.UnsupportedOptionError(f"ConvTranspose2d: padding_mode={self.padding_mode!r}; only 'zeros' "
                                            "exists for transposed convolutions")

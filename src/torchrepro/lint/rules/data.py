@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 from .. import knowledge as K
 from ..calls import argument, constant, has_splat, is_true
-from ..flow import WORKER_SEEDS, classify_call
+from ..classify import classify_call
+from ..events import WORKER_SEEDS
 from ..module import Module, Scope, dotted
 from ..rule import Context, Finding, Rule
 from .worker_draws import DRAWS, HELD, WorkerDraws

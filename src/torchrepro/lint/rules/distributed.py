@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from .. import knowledge as K
 from ..calls import argument, has_splat, is_false, is_true
-from ..flow import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED
+from ..events import DIST, RANK_SEED, SEED, SET_EPOCH, SHARDED
 from ..module import Module, Scope, dotted, walk_own
 from ..rule import Context, Finding, Rule
 

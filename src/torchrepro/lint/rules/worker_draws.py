@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .. import knowledge as K
 from ..calls import argument, has_keyword, is_false, is_true
-from ..flow import draw_of
+from ..classify import draw_of
 from ..module import ClassInfo, Module, Scope, dotted, walk_own
 from ..project import Project, is_external
 
