@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import subprocess
 import sys
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -103,7 +105,7 @@ def test_dataloader_batches_unchanged_and_model_inputs_not_fingerprinted(tmp_pat
             opt.step()
             opt.zero_grad()
             assert not model._forward_pre_hooks and not model._forward_hooks  # the forward is not hooked
-        assert rec._inputs_since_backward == [] and rec._pending_inputs == []
+        assert rec.inputs.since_backward == [] and rec.inputs.pending == []
     steps = load_run(tmp_path / "a").steps()
     assert len(steps) == 3 and all(len(s["batches"]) == 1 and "batches_source" not in s for s in steps)
     assert not torch.nn.modules.module._global_forward_pre_hooks  # the global hook that waited is gone
@@ -182,3 +184,27 @@ def test_outputs_of_another_model_are_not_data(tmp_path):
     assert [s["input_modules"] for s in a.steps()] == [["Net"]] * 2  # G(z) only
     result = compare_runs([a, b])
     assert (result.first_step, result.cause) == (1, "compute") and result.data_source is None
+
+
+def test_a_finished_recorder_is_freed_with_its_last_reference(tmp_path):
+    """The model-input watch and the resume marks refer to their recorder weakly: no cycle keeps a finished
+    recorder, and the optimizers it holds, alive until a gc pass (optimizers_exist() would still see them, and a
+    later script without torch.optim would not get one step per backward())."""
+    from torchrepro.record.recorder import Recorder
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gc.disable()
+    try:
+        rec = Recorder(tmp_path / "r", models={"": model}, resume_marks=True, keep_values=True).install()
+        for _ in range(2):
+            model(torch.randn(8, 4)).sum().backward()  # no DataLoader: the model's forward is hooked
+            opt.step()
+            opt.zero_grad()
+        rec.finish()
+        assert rec.inputs._roots and rec.marks is not None
+        freed = weakref.ref(rec)
+        del rec
+        assert freed() is None
+    finally:
+        gc.enable()

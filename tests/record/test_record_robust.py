@@ -212,7 +212,9 @@ def _train_long(run_dir: Path, steps: int = 30) -> None:
 
 
 def test_full_disk_in_the_value_writer_never_hangs_and_lists_only_written_files(tmp_path, monkeypatch):
-    real = record.atomic_write
+    from torchrepro.record import valuewriter
+
+    real = valuewriter.atomic_write
     calls = []
 
     def full_disk(path, write, **kwargs):
@@ -221,7 +223,7 @@ def test_full_disk_in_the_value_writer_never_hangs_and_lists_only_written_files(
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, write, **kwargs)
 
-    monkeypatch.setattr(record, "atomic_write", full_disk)
+    monkeypatch.setattr(valuewriter, "atomic_write", full_disk)
     with pytest.warns(ReproWarning, match="could not save parameter values .*No space left on device"):
         _in_thread(lambda: _train_long(tmp_path / "a"))
     m = load_run(tmp_path / "a").manifest

@@ -79,20 +79,20 @@ def test_without_an_optimizer_each_backward_is_a_step_with_its_values(tmp_path):
 
 def test_at_most_one_extra_copy_a_large_snapshot_is_skipped_while_the_writer_is_busy(tmp_path, monkeypatch):
     """While a large snapshot is being written, the next is skipped (no second host copy); the final one waits."""
-    from torchrepro.record import recorder as record
+    from torchrepro.record import valuewriter
 
     release = threading.Event()
     copies: list[int] = []
-    real = record.atomic_write
+    real = valuewriter.atomic_write
 
     def slow(path, write, **kwargs):
         copies.append(writer._inflight)
         release.wait(10)
         real(path, write, **kwargs)
 
-    monkeypatch.setattr(record, "atomic_write", slow)
-    monkeypatch.setattr(record._ValueWriter, "SMALL", SIZE - 1)  # every snapshot of the test model is "large"
-    writer = record._ValueWriter(tmp_path / "values", 100 * SIZE)
+    monkeypatch.setattr(valuewriter, "atomic_write", slow)
+    monkeypatch.setattr(valuewriter.ValueWriter, "SMALL", SIZE - 1)  # every snapshot of the test model is "large"
+    writer = valuewriter.ValueWriter(tmp_path / "values", 100 * SIZE)
     params = dict(nn.Linear(50, 40).named_parameters())
     writer.submit("init", params)
     writer.submit("step_000001", params)  # the writer is blocked on init: skipped, no second copy
@@ -107,12 +107,12 @@ def test_at_most_one_extra_copy_a_large_snapshot_is_skipped_while_the_writer_is_
 
 
 def test_small_snapshots_queue_behind_a_busy_writer_and_none_is_lost(tmp_path, monkeypatch):
-    from torchrepro.record import recorder as record
+    from torchrepro.record import valuewriter
 
     release = threading.Event()
-    real = record.atomic_write
-    monkeypatch.setattr(record, "atomic_write", lambda p, w, **kw: (release.wait(10), real(p, w, **kw)))
-    writer = record._ValueWriter(tmp_path / "values", 100 * SIZE)
+    real = valuewriter.atomic_write
+    monkeypatch.setattr(valuewriter, "atomic_write", lambda p, w, **kw: (release.wait(10), real(p, w, **kw)))
+    writer = valuewriter.ValueWriter(tmp_path / "values", 100 * SIZE)
     params = dict(nn.Linear(50, 40).named_parameters())
     for i in range(5):
         writer.submit(f"step_{i:06d}", params)
@@ -161,14 +161,15 @@ def test_check_starts_its_first_run_before_importing_torch(tmp_path):
     """The parent's torch import (1.5 s) overlaps run 1 instead of preceding it (issue 14: check wall time)."""
     code = f"""
 import sys
-import torchrepro.cli._checkrun as cc  # where check starts its runs
+import torchrepro.cli._checkrun as cc
+import torchrepro.record.runs as runs  # where check starts its runs
 cc.prefetch_analysis = lambda: None   # the background import would race with this check
 
 def launch(*args, **kwargs):
     print("torch imported before run 1:", "torch" in sys.modules)
     raise SystemExit(0)
 
-cc.launch = launch
+runs.launch = launch
 from torchrepro.cli import main
 main(["check", "--out", {str(tmp_path / "out")!r}, "--", "python", {MANUAL!r}])
 """
@@ -194,5 +195,5 @@ def test_check_samples_value_snapshots_on_a_fixed_schedule(tmp_path):
              52, 56, 60, 64]
     assert summary["values_saved"] == ["init", *(f"step_{n:06d}" for n in steps), "final"]
     assert summary["values_skipped"] == 0 and summary["steps"] == 70
-    with pytest.raises(ValueError, match="value_schedule must be one of \\['every', 'sampled'\\], got 'often'"):
+    with pytest.raises(ValueError, match="value_schedule\\) must be one of \\['every', 'sampled'\\], got 'often'"):
         Recorder(tmp_path / "x", value_schedule="often")

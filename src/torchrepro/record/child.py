@@ -152,6 +152,7 @@ def _child_main(argv: list[str]) -> int:
     from ..control import determinism, seeding
     from ..env.info import ScriptProbe
     from .recorder import MaxStepsReached, Recorder
+    from .settings import DEFAULT_VALUES_BUDGET, StopSettings, TraceSettings, ValueSettings
     from .workdir import ReadAudit
 
     if opts.gate_fd is not None:
@@ -171,12 +172,15 @@ def _child_main(argv: list[str]) -> int:
 
         plan = ResumePlan.from_options(opts.resume_at)
     if opts.record:
-        budget: dict[str, Any] = {} if opts.values_budget is None else {"values_budget": opts.values_budget}
-        recorder = Recorder(opts.record, keep_values=opts.keep_values, max_steps=opts.max_steps, **budget,
-                            value_schedule=opts.value_schedule,
-                            trace_steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
-                            trace_mode=opts.trace_mode, timing=opts.timing, divergence=opts.divergence_stop,
-                            **(plan.recorder_options() if plan is not None else {})).install()
+        values = ValueSettings(keep=opts.keep_values, schedule=opts.value_schedule,
+                               budget=DEFAULT_VALUES_BUDGET if opts.values_budget is None else opts.values_budget)
+        resume = None
+        if plan is not None:  # check --resume-at: its marks, and gradient snapshots from the step it compares
+            values, resume = plan.recorder_settings(values)
+        trace = TraceSettings(steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
+                              mode=opts.trace_mode)
+        recorder = Recorder(opts.record, values=values, trace=trace, resume=resume, timing=opts.timing,
+                            stop=StopSettings(max_steps=opts.max_steps, divergence=opts.divergence_stop)).install()
     if plan is not None:
         plan.install(recorder)
     audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None

@@ -8,8 +8,11 @@ named parameter, its gradient and its optimizer state. Scripts that update param
 
 Scripts that draw their batches without a DataLoader (nanoGPT's ``get_batch``, any hand-written loop) have their
 data fingerprinted where the model receives it: the tensors passed to the outermost ``forward`` of the root
-modules (see :meth:`Recorder._on_root_call`), recorded in place of the batches of a step that saw no DataLoader
-batch (``"batches_source": "model-inputs"``).
+modules, recorded in place of the batches of a step that saw no DataLoader batch (``"batches_source":
+"model-inputs"``; :mod:`torchrepro.record.inputs`).
+
+Its settings are grouped by feature (:mod:`torchrepro.record.settings`); parameter value snapshots are written
+in the background (:mod:`torchrepro.record.valuewriter`).
 
 Recording never breaks the script: a tensor that cannot be fingerprinted, a batch that cannot be read and a
 value file that cannot be written are recorded as such (``"unreadable: <reason>"``, ``values_error``), with a
@@ -23,29 +26,18 @@ From code::
 
 from __future__ import annotations
 
-import array
-import collections
-import contextlib
-import functools
 import hashlib
-import itertools
 import os
-import queue
-import random
-import sys
-import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import fields, is_dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .._core.errors import ReproWarning
 from .._core.fingerprint import (
@@ -57,17 +49,30 @@ from .._core.fingerprint import (
     unreadable_text,
     usage_mark,
 )
-from .._core.io import atomic_write
 from .._core.modules import discover_models, optimizers_exist
 from .._core.patches import Patches
 from ..distributed.ranks import unreplicated_names
 from ..env.info import environment_summary
 from .compiled import CompileWatch, measure_graphs
 from .divergence import DivergenceWatch
+from .inputs import ModelInputs, _grad_enabled, _unrecorded, data_fields
+from .inputs import unrecorded_batches as unrecorded_batches  # imported from here too
 from .optrace import OpTracer
+from .resumemarks import ResumeMarker, optimizer_state, rng_fingerprints
+from .settings import DEFAULT_VALUES_BUDGET as DEFAULT_VALUES_BUDGET  # imported from here too
+from .settings import (
+    SCHEDULES,
+    RecorderSettings,
+    ResumeMarks,
+    StopSettings,
+    TraceSettings,
+    ValueSettings,
+)
+from .settings import sampled_step as sampled_step  # imported from here too
 from .store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, MODEL_INPUTS, OPS, VALUES, TraceWriter, write_manifest  # noqa: F401
+from .valuewriter import ValueWriter
 
-DEFAULT_VALUES_BUDGET = 1 << 30  # bytes of parameter values kept per run
+_ValueWriter = ValueWriter  # its name before it had a module of its own
 
 
 class MaxStepsReached(SystemExit):
@@ -91,21 +96,6 @@ def _float_hex(t: torch.Tensor) -> str | None:
         return None
 
 
-def sampled_step(n: int) -> bool:
-    """Whether step ``n`` gets a value snapshot under ``value_schedule="sampled"`` (what ``check`` uses).
-
-    Every step up to 16, then 8 steps per doubling (17, 18, 20, ..., 32, 36, ..., 64, 72, ...): the same steps in
-    every run, so compared runs have the same snapshots; a long run costs O(log steps) snapshots.
-
-    >>> [n for n in range(1, 65) if sampled_step(n)][14:]
-    [15, 16, 18, 20, 22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64]
-    """
-    return n <= 16 or n % (1 << (n.bit_length() - 4)) == 0
-
-
-_SCHEDULES = {"every": lambda n: True, "sampled": sampled_step}
-
-
 def _env_int(name: str) -> int:
     try:
         return max(0, int(os.environ.get(name, "0") or 0))
@@ -117,180 +107,32 @@ def _warn(message: str) -> None:
     warnings.warn(f"torchrepro: {message}", ReproWarning, stacklevel=4)
 
 
-def _digest(*parts: bytes) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        h.update(part)
-    return h.hexdigest()
-
-
-def rng_fingerprints() -> dict[str, str | None]:
-    """Fingerprints of the global random-number states: torch's CPU generator, the CUDA generators (``None``
-    unless CUDA is initialised), Python's ``random`` and NumPy's legacy global ``RandomState`` (``None`` unless
-    NumPy is imported). About 20 µs; what ``check --resume-at`` records at step boundaries."""
-    out: dict[str, str | None] = {"torch": fingerprint(torch.get_rng_state()), "cuda": None, "random": None,
-                                  "numpy": None}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = _digest(*(bytes(s.numpy()) for s in torch.cuda.get_rng_state_all()))
-    version, internal, gauss = random.getstate()
-    out["random"] = _digest(array.array("q", internal).tobytes(), repr((version, gauss)).encode())
-    np = sys.modules.get("numpy")
-    if np is not None:
-        try:
-            name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-            out["numpy"] = _digest(str(name).encode(), keys.tobytes(), repr((pos, has_gauss, cached)).encode())
-        except Exception as exc:  # never break the step for it
-            out["numpy"] = unreadable_text(exc)
-    return out
-
-
-class _ValueWriter:
-    """Writes parameter value snapshots in a background thread; the copy itself is taken synchronously.
-
-    Memory: at most one extra host copy of the parameters exists at any time. A snapshot is written straight
-    from that copy into its file (no serialised buffer in between); while the writer is still busy with an
-    earlier snapshot, a new one is skipped (counted in ``skipped_busy``) unless the two together stay under
-    ``SMALL`` bytes -- small models never skip, a 7B model never holds two copies. The final snapshot waits.
-
-    A write that fails (a full disk, a permission error) never blocks or stops training: the first failure is
-    kept in ``error`` and warned about, that snapshot and every later one are dropped (listed in ``failed``),
-    and ``saved`` lists only the files that were written.
-    """
-
-    SMALL = 64 << 20  # bytes in flight that never cause a skip
-
-    def __init__(self, directory: Path, budget: int) -> None:
-        self.dir = directory
-        self.budget = budget
-        self.used = 0
-        self.saved: list[str] = []
-        self._failed: list[tuple[int, str]] = []  # (submission number, name): both threads append
-        self._submitted = 0
-        self.skipped = 0  # over the budget
-        self.skipped_busy = 0  # the writer was still busy with a large earlier snapshot
-        self.error: str | None = None
-        self._warned = False
-        self._inflight = 0  # bytes copied but not yet written
-        self._idle = threading.Condition()
-        self._q: queue.SimpleQueue[tuple[int, str, dict[str, torch.Tensor], int] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="torchrepro-values", daemon=True)
-        self._thread.start()
-
-    @property
-    def failed(self) -> list[str]:
-        """Snapshots not written (after a failure), in the order they were submitted."""
-        return [name for _, name in sorted(self._failed)]
-
-    def _fail(self, n: int, name: str, exc: BaseException) -> None:
-        self._failed.append((n, name))
-        if self.error is None:
-            self.error = f"{self.dir / name}.pt: {type(exc).__name__}: {exc}"
-
-    def _work(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            n, name, values, size = item
-            try:
-                if self.error is not None:  # after a failure nothing more is written: the values have a gap
-                    self._failed.append((n, name))
-                    continue
-                try:  # durable=False: a rename is atomic; fsync per step would cost more than the write
-                    atomic_write(self.dir / f"{name}.pt", lambda f, v=values: torch.save(v, f),  # type: ignore[misc]
-                                 durable=False)
-                except Exception as exc:
-                    self._fail(n, name, exc)
-                else:
-                    self.saved.append(name)
-            finally:
-                del values, item
-                with self._idle:
-                    self._inflight -= size
-                    self._idle.notify_all()
-
-    def _wait_idle(self) -> bool:
-        """Wait until every queued snapshot is written; False if the writer thread has ended."""
-        with self._idle:
-            while self._inflight and self._thread.is_alive():
-                self._idle.wait(0.1)
-        return self._thread.is_alive()
-
-    def _warn_once(self) -> None:
-        if self.error is not None and not self._warned:
-            self._warned = True
-            _warn(f"could not save parameter values ({self.error}); training goes on, but values from "
-                  f"{self.failed[0]!r} on are not recorded, so comparisons of this run cannot report "
-                  f"max |Δ weight|. Free space or fix permissions in {self.dir}, or record without values.")
-
-    def submit(self, name: str, params: Mapping[str, torch.Tensor], *, force: bool = False) -> None:
-        self._warn_once()
-        n = self._submitted = self._submitted + 1
-        if self.error is not None:
-            self._failed.append((n, name))
-            return
-        size = sum(p.numel() * p.element_size() for p in params.values())
-        # The budget covers every snapshot, the initial one included; each leaves room for the final snapshot
-        # (``force=True``, the same parameters), so the last values are kept whenever one snapshot fits.
-        reserve = 0 if force else size
-        if self.used + size + reserve > self.budget:
-            self.skipped += 1
-            return
-        if force:
-            if not self._wait_idle():
-                self._fail(n, name, RuntimeError("the value writer thread has stopped"))
-                return
-        elif self._inflight and self._inflight + size > self.SMALL:
-            self.skipped_busy += 1
-            return
-        self.used += size
-        try:
-            values = {k: v.detach().to("cpu", copy=True) for k, v in params.items()}
-        except Exception as exc:
-            self._fail(n, name, exc)
-            return
-        if not self._thread.is_alive():
-            self._fail(n, name, RuntimeError("the value writer thread has stopped"))
-            return
-        with self._idle:
-            self._inflight += size
-        self._q.put((n, name, values, size))
-
-    def close(self) -> None:
-        """Write what is queued and stop the thread; returns once it has ended."""
-        self._q.put(None)
-        self._thread.join()
-        self._warn_once()
-
-
 class Recorder:
     """Records a training run into a run directory. Use :func:`watch`, or ``torchrepro run`` for scripts.
 
     Args:
         run_dir: where ``trace.jsonl`` and ``values/`` go.
         models: ``{prefix: module}`` giving parameter names; None discovers the root modules at the first step.
-        keep_values: also save parameter values per step (needed for max |Δ weight| and ULP distances).
-        value_schedule: ``"every"`` step, or ``"sampled"`` (:func:`sampled_step`: steps 1-16, then 8 per doubling;
-            what ``check`` uses, so that value snapshots stay a small share of a long run's time).
-        max_steps: raise :class:`MaxStepsReached` (a clean ``SystemExit(0)``) after this many steps: optimizer
-            steps, or, when no ``torch.optim`` optimizer exists, ``backward()`` calls (raised as the next
-            ``backward()`` starts, so the hand update of the last step is done and recorded in ``final``).
+        values: what is kept of parameter values besides fingerprints (:class:`~.settings.ValueSettings`: keep,
+            budget, schedule, gradient snapshots); by default nothing.
+        trace: which steps are traced op by op (:class:`~.settings.TraceSettings`); by default none.
+        resume: what ``check --resume-at`` needs (:class:`~.settings.ResumeMarks`: RNG states, sample indices,
+            optimizer state before the first step; the boundary and the stop around step K); by default none.
+        stop: when the script is ended with :class:`MaxStepsReached` (:class:`~.settings.StopSettings`:
+            ``max_steps``, ``divergence``); by default never.
         timing: record only step boundaries (``t`` of each event, taken after synchronising CUDA), no
             fingerprints: what ``torchrepro bench`` times.
         check_ranks_every: in a distributed program, run :func:`torchrepro.distributed.ranks.check_consistency`
             after every N-th optimizer step on every rank, write its report into the trace (``"kind": "ranks"``)
             and warn when replicas differ.
-        resume_marks: what ``check --resume-at`` needs to say what a resume did not restore: the RNG states
-            after every step (``rng``), the sample indices of each batch (``batch_indices``, from the sampler of
-            a map-style DataLoader) and the optimizer state before each optimizer's first step
-            (``state_before``).
-        boundary_after: write a ``boundary`` event (the RNG states) as the first ``backward()`` after step N
-            starts (0: the first one of the process).
-        stop_after: end the script (:class:`MaxStepsReached`) as the first ``backward()`` after step N starts:
-            what the script does between step N and the next step (saving a checkpoint) is done.
-        divergence: compare each step with other runs as they record, and end the script ``after`` steps after
-            the first divergence from run 1 (``{"runs": [dir, ...], "me": i, "after": K}``, see
-            :class:`~torchrepro.record.divergence.DivergenceWatch`): what ``check`` gives its runs.
+
+    The flat keywords of the settings' fields are accepted too (``keep_values``, ``values_budget``,
+    ``value_schedule``, ``grad_value_steps``, ``grad_value_start``, ``trace_steps``, ``trace_mode``,
+    ``resume_marks``, ``boundary_after``, ``stop_after``, ``max_steps``, ``divergence``; ``None``: not given),
+    mapped onto the objects by :meth:`~.settings.RecorderSettings.build`; ``settings`` holds the result::
+
+        Recorder(run_dir, keep_values=True, max_steps=5)
+        Recorder(run_dir, values=ValueSettings(keep=True), stop=StopSettings(max_steps=5))  # the same
     """
 
     def __init__(
@@ -298,73 +140,68 @@ class Recorder:
         run_dir: str | Path,
         *,
         models: Mapping[str, nn.Module] | None = None,
-        keep_values: bool = False,
-        max_steps: int | None = None,
-        values_budget: int = DEFAULT_VALUES_BUDGET,
-        trace_steps: tuple[int, int] | None = None,
-        trace_mode: str = "optimizer",
+        values: ValueSettings | None = None,
+        trace: TraceSettings | None = None,
+        resume: ResumeMarks | None = None,
+        stop: StopSettings | None = None,
         timing: bool = False,
         check_ranks_every: int | None = None,
+        keep_values: bool | None = None,
+        values_budget: int | None = None,
+        value_schedule: str | None = None,
         grad_value_steps: int | None = None,
-        value_schedule: str = "every",
-        grad_value_start: int = 1,
-        resume_marks: bool = False,
+        grad_value_start: int | None = None,
+        trace_steps: tuple[int, int] | list[int] | None = None,
+        trace_mode: str | None = None,
+        resume_marks: bool | None = None,
         boundary_after: int | None = None,
         stop_after: int | None = None,
+        max_steps: int | None = None,
         divergence: dict[str, Any] | None = None,
     ) -> None:
+        self.settings = settings = RecorderSettings.build(
+            values=values, trace=trace, resume=resume, stop=stop, timing=timing, check_ranks_every=check_ranks_every,
+            keep_values=keep_values, values_budget=values_budget, value_schedule=value_schedule,
+            grad_value_steps=grad_value_steps, grad_value_start=grad_value_start, trace_steps=trace_steps,
+            trace_mode=trace_mode, resume_marks=resume_marks, boundary_after=boundary_after, stop_after=stop_after,
+            max_steps=max_steps, divergence=divergence)
+        kept, traced, resume_ = settings.values, settings.trace, settings.resume
         self.trace = TraceWriter(run_dir)
         self.forked = False  # this is a forked child of the recorded process: it records nothing (see _in_child)
         _recorders.add(self)
         # with keep_values: gradient and optimizer-state snapshots of the first N steps (None: $GRAD_VALUES_ENV or 0)
-        self.grad_value_steps = _env_int(GRAD_VALUES_ENV) if grad_value_steps is None else grad_value_steps
-        self.grad_value_start = grad_value_start  # the snapshots cover steps start .. start + grad_value_steps - 1
-        self.resume_marks = resume_marks
-        self.boundary_after = boundary_after
-        self.stop_after = stop_after
-        self.divergence = divergence
+        self.grad_value_steps = _env_int(GRAD_VALUES_ENV) if kept.grad_steps is None else kept.grad_steps
+        self.grad_value_start = kept.grad_start  # the snapshots cover steps start .. start + grad_value_steps - 1
+        self.resume_marks = resume_.enabled
+        self.boundary_after = resume_.boundary_after  # set to None once the boundary is written
+        self.stop_after = resume_.stop_after
+        self.divergence = settings.stop.divergence  # set to None if the comparison fails
         self._watch: DivergenceWatch | None = None
         self.stopped_diverged: int | None = None  # the step after which the divergence watch stopped the run
-        self._state_before: dict[Any, dict[str, str | None]] = {}  # optimizer -> its state before its first step
-        self._stepped: set[int] = set()  # indices of the optimizers that have stepped (resume_marks)
-        self.timing = timing
-        self.check_ranks_every = check_ranks_every
+        self.marks = ResumeMarker(self) if resume_.enabled else None  # what check --resume-at needs
+        self.timing = settings.timing
+        self.check_ranks_every = settings.check_ranks_every
         # Op tracing for steps lo..hi (0 = model construction up to the first backward), see optrace.
-        self.trace_steps = trace_steps
-        self.trace_mode = trace_mode
-        self._tracer = OpTracer(models=models, path=self.trace.dir / OPS, keep=False) if trace_steps else None
+        self.trace_steps = traced.steps
+        self.trace_mode = traced.mode
+        self._tracer = OpTracer(models=models, path=self.trace.dir / OPS, keep=False) if traced.steps else None
         self._models = dict(models) if models is not None else None
         self._discovered: dict[str, nn.Module] | None = None
-        self.max_steps = max_steps
+        self.max_steps = settings.stop.max_steps
         self.stopped = False  # MaxStepsReached was raised
         self._optimizers_exist: bool | None = None
         self._warned: set[str] = set()
-        self.values = _ValueWriter(self.trace.dir / VALUES, values_budget) if keep_values else None
-        if value_schedule not in _SCHEDULES:
-            raise ValueError(f"value_schedule must be one of {sorted(_SCHEDULES)}, got {value_schedule!r}")
-        self._snapshot_due = _SCHEDULES[value_schedule]
+        self.values = ValueWriter(self.trace.dir / VALUES, kept.budget) if kept.keep else None
+        self._snapshot_due = SCHEDULES[kept.schedule]
         self._compile_watch = CompileWatch.from_env()  # torch.compile calls (and graph capture for --locate)
         self.steps = 0
         self.backward_calls = 0
         self._names: dict[int, str] = {}
         self._pending_losses: list[torch.Tensor | None] = []
         self._pending_batches: list[str] = []
-        self._pending_indices: list[str | None] = []
-        self._indices_since_backward: list[str | None] = []
         self._batches_since_backward: list[str] = []
-        # The data of steps without a DataLoader batch: the inputs of the root modules' outermost forwards
-        # (fingerprints, and the class each went to), since the last backward() and since the last step.
-        self._inputs_since_backward: list[tuple[str, str]] = []
-        self._pending_inputs: list[tuple[str, str]] = []
-        self._fwd_depth = 0  # root forwards running (the outermost one's inputs are the data)
-        self._outputs: dict[int, StorageWeakRef] = {}  # storages of root outputs since the last backward()
-        self._finder: Any = None  # the global forward pre-hook that waits for the first training forward
-        self._roots: list[weakref.ref[nn.Module]] = []  # the modules whose forward inputs are recorded
-        self._root_handles: list[Any] = []
-        self._orig_script: Any = None  # torch.jit.script, while ours (which unhooks the roots) replaces it
-        self._filter: Any = None  # the warnings filter installed with it
-        self._token = next(_tokens)
-        _by_token[self._token] = self
+        # The data of steps without a DataLoader batch: the inputs of the root modules' outermost forwards.
+        self.inputs = ModelInputs(self, self._models, timing=self.timing)
         self._loaders: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._optimizers: dict[Any, int] = {}  # strong refs: the final parameters are read at exit
         self._patches = Patches()  # autograd's backward, the DataLoader iterator's methods, the optimizer hooks
@@ -443,9 +280,8 @@ class Recorder:
     def _on_batch(self, loader: Any, batch: Any, index: str | None = None) -> None:
         if self.timing:
             return
-        if self.resume_marks:
-            self._pending_indices.append(index)
-            self._indices_since_backward.append(index)
+        if self.marks is not None:
+            self.marks.on_batch(index)
         idx = self._loaders.setdefault(loader, len(self._loaders))
         try:
             digest = fingerprint_object(batch)
@@ -459,153 +295,6 @@ class Recorder:
             fp = hashlib.blake2b(f"loader{idx}|{digest}".encode(), digest_size=16).hexdigest()
         self._pending_batches.append(fp)
         self._batches_since_backward.append(fp)
-
-    # --- the data of loops without a DataLoader: what the model's forward receives ---------------------------
-    def _install_finder(self) -> None:
-        """Wait for the first training forward (a global forward pre-hook, removed as it fires): its module is the
-        outermost one called, and the root modules are hooked from then on (:meth:`_found_roots`)."""
-        if self.timing or self._finder is not None:
-            return
-        hook = functools.partial(_find_roots, self._token)
-        self._finder = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-        # torch warns at every torch.compile'd module call while a global module hook exists: ours is gone
-        # before the compiled code runs (the first call of the compiled model is what removes it)
-        warnings.filterwarnings("ignore", message=_COMPILE_GLOBAL_HOOK_WARNING, category=UserWarning)
-        self._filter = warnings.filters[0]
-
-    def _remove_finder(self) -> None:
-        if self._finder is None:
-            return
-        self._finder.remove()
-        self._finder = None
-        with contextlib.suppress(ValueError, AttributeError):
-            warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
-
-    def _found_roots(self, first: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The first training forward: hook the root modules (those given, else those alive: a gc scan, once) and
-        ``first``, the outermost module called, which may be a wrapper (DDP, ``torch.compile``) around a root;
-        then record this call's inputs."""
-        self._remove_finder()
-        if self._loaders:  # the script feeds a DataLoader's batches: they are its data, the forward is not hooked
-            return
-        try:
-            roots = list(self._models.values()) if self._models is not None else list(discover_models().values())
-        except Exception:  # never break the forward for it: hook the module called
-            roots = []
-        if not any(m is first for m in roots):
-            roots.append(first)
-        self._roots = [weakref.ref(m) for m in roots]
-        self._hook_roots()
-        # this call's own hooks were picked before ours existed: its pre-hook does not run, its post-hook does
-        self._on_root_call(first, args, kwargs)
-
-    def _hook_roots(self) -> None:
-        for ref in self._roots:
-            module = ref()
-            if module is None:
-                continue
-            self._root_handles.append(module.register_forward_pre_hook(functools.partial(_root_pre_hook, self._token),
-                                                                       with_kwargs=True, prepend=True))
-            self._root_handles.append(module.register_forward_hook(functools.partial(_root_post_hook, self._token),
-                                                                   always_call=True))
-        if self._orig_script is None and self._root_handles:
-            self._orig_script = orig = torch.jit.script
-            token = self._token
-
-            @functools.wraps(orig)
-            def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
-                return _script_unhooked(token, orig, obj, *args, **kwargs)
-
-            script._torchrepro_token = token  # type: ignore[attr-defined]
-            torch.jit.script = script
-
-    def _unhook_roots(self) -> None:
-        for h in self._root_handles:
-            h.remove()
-        self._root_handles.clear()
-
-    @contextlib.contextmanager
-    def _roots_unhooked(self) -> Iterator[None]:
-        """``torch.jit.script`` compiles a module's hooks (Python hooks cannot be): ours are off meanwhile."""
-        hooked = bool(self._root_handles)
-        self._unhook_roots()
-        try:
-            yield
-        finally:
-            if hooked and self._active:
-                self._hook_roots()
-
-    def _on_root_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A root module's forward starts. The outermost one (not inside another root's forward) of a training
-        forward (autograd on, the module in training mode) in a step that has seen no DataLoader batch has its
-        tensor arguments fingerprinted: the data of the step. Eval and ``torch.no_grad`` forwards are not data;
-        tensors computed in the autograd graph, or views of an earlier root forward's output (``fake.detach()``,
-        a frozen model's features), are the model's own results, not data, and are left out."""
-        depth, self._fwd_depth = self._fwd_depth, self._fwd_depth + 1
-        if (depth or self.forked or not _grad_enabled() or not module.training or _unrecorded[0]
-                or self._batches_since_backward or torch._C._get_tracing_state() is not None):
-            return
-        found: list[tuple[str, torch.Tensor]] = []
-        _tensors_in(args, "args", found, 0)
-        _tensors_in(kwargs, "kwargs", found, 0)
-        data: dict[str, torch.Tensor] = {}
-        for path, t in found:
-            if (t.requires_grad and t.grad_fn is not None) or self._is_output(t):
-                continue
-            if _is_transform_wrapper(t) or _is_fake(t):
-                return  # inside a torch.func transform or a tracer: not the data itself
-            data[path] = t
-        if not data or len(self._inputs_since_backward) + len(self._pending_inputs) >= _MAX_INPUTS_PER_STEP:
-            return
-        label = _module_label(module)
-        fps = self._fps(data)
-        bad = next(((k, v) for k, v in fps.items() if v is None or v.startswith(UNREADABLE)), None)
-        if bad is not None:
-            fp = f"{UNREADABLE}{label}.forward {bad[0]}: {(bad[1] or '?')[len(UNREADABLE):]}"
-        else:
-            h = hashlib.blake2b(f"model-inputs|{label}".encode(), digest_size=16)
-            for k, v in fps.items():
-                h.update(f"|{k}={v}".encode())
-            fp = h.hexdigest()
-        self._inputs_since_backward.append((fp, label))
-
-    def _on_root_return(self, output: Any) -> None:
-        """A root module's forward ends: the outermost one's output storages are noted (see _on_root_call)."""
-        self._fwd_depth = max(0, self._fwd_depth - 1)
-        if self._fwd_depth or self.forked:
-            return
-        found: list[tuple[str, torch.Tensor]] = []
-        _tensors_in(output, "", found, 0)
-        if len(self._outputs) > _MAX_INPUTS_PER_STEP:  # forwards without backward(): keep those still alive
-            self._outputs = {k: ref for k, ref in self._outputs.items() if not ref.expired()}
-        for _, t in found:
-            with contextlib.suppress(Exception):  # a tensor without storage: nothing to recognise later
-                ref = StorageWeakRef(t.untyped_storage())
-                self._outputs[ref.cdata] = ref
-
-    def _is_output(self, t: torch.Tensor) -> bool:
-        if not self._outputs:
-            return False
-        try:
-            ref = self._outputs.get(t.untyped_storage()._cdata)
-        except Exception:
-            return False
-        return ref is not None and not ref.expired()
-
-    def _inputs_to_pending(self) -> list[tuple[str, str]]:
-        """Move the model inputs since the last backward() to the step's; return them."""
-        inputs, self._inputs_since_backward = self._inputs_since_backward, []
-        self._pending_inputs += inputs
-        self._outputs.clear()
-        return inputs
-
-    @staticmethod
-    def _data_fields(batches: list[str], inputs: list[tuple[str, str]]) -> dict[str, Any]:
-        """An event's ``batches``: the DataLoader batches, else the model inputs with where they came from."""
-        if batches or not inputs:
-            return {"batches": batches}
-        return {"batches": [fp for fp, _ in inputs], "batches_source": MODEL_INPUTS,
-                "input_modules": [label for _, label in inputs]}
 
     def _trace_boundary(self, next_step: int) -> None:
         """Called where step ``next_step`` begins: start or stop the op tracer for the traced range."""
@@ -649,7 +338,7 @@ class Recorder:
         return 0 if self._optimizers_exist else self.backward_calls
 
     def _on_backward_start(self) -> None:
-        self._fwd_depth = 0  # no root forward runs as backward() starts (recomputed checkpoints count afresh)
+        self.inputs.depth = 0  # no root forward runs as backward() starts (recomputed checkpoints count afresh)
         if self.stopped or self.stopped_diverged is not None:
             self._stop()  # (a divergence stop without an optimizer: the hand update of the last step is done)
         if self.stop_after is not None and self.completed_steps() >= self.stop_after:
@@ -678,8 +367,8 @@ class Recorder:
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
         self._pending_losses.append(loss.detach() if loss is not None else None)
-        self._remove_finder()  # no training forward before the first backward(): none of the script's is hooked
-        inputs = self._inputs_to_pending()
+        self.inputs.remove_finder()  # no training forward before the first backward(): none of the script's is hooked
+        inputs = self.inputs.to_pending()
         if self.trace_mode == "backward":
             self._trace_boundary(self.backward_calls + 1)
         if self.steps:  # optimizer mode: the loss is fingerprinted with the step, in one batch
@@ -690,22 +379,20 @@ class Recorder:
         if self._optimizers_exist is None:
             self._optimizers_exist = optimizers_exist()
         if not self._optimizers_exist:
-            self._pending_inputs = []  # each backward() is a step: its event holds them
+            self.inputs.pending = []  # each backward() is a step: its event holds them
         params = {} if self._optimizers_exist else self._all_model_params()
         fps = self._fps({"loss": loss, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()}})
         event: dict[str, Any] = {
             "kind": "backward", "n": self.backward_calls, "t": self._now(),
             "loss": {"fp": fps["loss"], "value": _float_hex(loss) if loss is not None else None},
-            **self._data_fields(self._batches_since_backward, inputs),
+            **data_fields(self._batches_since_backward, inputs),
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
         }
-        if self.resume_marks:
-            event["batch_indices"] = self._indices_since_backward
-            if not self._optimizers_exist:
-                event["rng"] = rng_fingerprints()
-        self._batches_since_backward, self._indices_since_backward = [], []
+        if self.marks is not None:
+            event.update(self.marks.backward_marks(rng=not self._optimizers_exist))
+        self._batches_since_backward = []
         if self.values is not None and params and self._snapshot_due(self.backward_calls):
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
             self._submit_grads(self.backward_calls, params, {})
@@ -727,11 +414,10 @@ class Recorder:
         if self.first_step_time is None:
             self.first_step_time = self._now()
         opt_idx = self._optimizers.setdefault(optimizer, len(self._optimizers))
-        self._stepped.add(opt_idx)
-        self._remove_finder()
-        self._inputs_to_pending()  # forwards without backward() (torch.autograd.grad) belong to this step
+        self.inputs.remove_finder()
+        self.inputs.to_pending()  # forwards without backward() (torch.autograd.grad) belong to this step
         params = self._named_params([p for g in optimizer.param_groups for p in g["params"]], f"opt{opt_idx}")
-        state, scalars = _optimizer_state(optimizer, params)
+        state, scalars = optimizer_state(optimizer, params)
         losses, loss_tensors = self._losses()
         fps = self._fps({**loss_tensors, **{f"p:{k}": v for k, v in params.items()},
                          **{f"g:{k}": v.grad for k, v in params.items()},
@@ -740,21 +426,16 @@ class Recorder:
             entry["fp"] = fps[f"l:{i}"]
         event = {
             "kind": "step", "n": self.steps, "opt": opt_idx, "t": self._now(),
-            "losses": losses, **self._data_fields(self._pending_batches, self._pending_inputs),
+            "losses": losses, **data_fields(self._pending_batches, self.inputs.pending),
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
             "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None for g in optimizer.param_groups],
         }
-        if self.resume_marks:
-            event["batch_indices"] = self._pending_indices
-            event["rng"] = rng_fingerprints()
-            before = self._state_before.pop(optimizer, None)
-            if before is not None:
-                event["state_before"] = before
+        if self.marks is not None:
+            event.update(self.marks.step_marks(optimizer, opt_idx))
         self._pending_losses, self._pending_batches, self._batches_since_backward = [], [], []
-        self._pending_inputs = []
-        self._pending_indices, self._indices_since_backward = [], []
+        self.inputs.pending = []
         self.trace.write(event)
         if self.values is not None:
             if self._snapshot_due(self.steps):
@@ -768,16 +449,6 @@ class Recorder:
             self._stop()
         if self._divergence_stop_due(self.steps, "optimizer"):
             self._stop()
-
-    def _on_step_start(self, optimizer: torch.optim.Optimizer) -> None:
-        """``resume_marks``: the optimizer state before each optimizer's first step (what a resume restored)."""
-        opt_idx = self._optimizers.get(optimizer)
-        if (opt_idx is not None and opt_idx in self._stepped) or optimizer in self._state_before:
-            return
-        params = self._named_params([p for g in optimizer.param_groups for p in g["params"]],
-                                    f"opt{opt_idx if opt_idx is not None else len(self._optimizers)}")
-        state, scalars = _optimizer_state(optimizer, params)
-        self._state_before[optimizer] = {**self._fps(state), **scalars}
 
     def _submit_grads(self, n: int, params: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor | None]) -> None:
@@ -868,48 +539,18 @@ class Recorder:
                 rec._on_step(optimizer)
 
         self._patches.hook(register_optimizer_step_post_hook(step_hook))
-        self._install_finder()
-        if self.resume_marks:
-            self._install_resume_marks(it_cls)
+        self.inputs.install()
+        if self.marks is not None:
+            self.marks.install(self._patches, it_cls)
         self._active = True
         _installed.append(self)
         return self
-
-    def _install_resume_marks(self, it_cls: Any) -> None:
-        """The sample indices of each batch (map-style datasets: what the sampler gave the iterator, in order,
-        also when worker processes load them) and the optimizer state before each optimizer's first step."""
-        rec = self
-        orig_next_index = it_cls._next_index
-
-        def _next_index(it: Any) -> Any:
-            index = orig_next_index(it)
-            if not rec.forked and it._dataset_kind == torch.utils.data.dataloader._DatasetKind.Map:
-                try:
-                    fp = fingerprint_object(index)
-                except Exception as exc:
-                    fp = unreadable_text(exc)
-                it.__dict__.setdefault("_torchrepro_indices", collections.deque()).append(fp)
-            return index
-
-        self._patches.set(it_cls, "_next_index", _next_index)
-
-        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if not rec.forked:
-                rec._on_step_start(optimizer)
-
-        self._patches.hook(register_optimizer_step_pre_hook(pre_hook))
 
     def uninstall(self) -> None:
         if not self._active:
             return
         self._patches.undo()
-        self._remove_finder()
-        self._unhook_roots()
-        if self._orig_script is not None:
-            if getattr(torch.jit.script, "_torchrepro_token", None) == self._token:  # not replaced since
-                torch.jit.script = self._orig_script
-            self._orig_script = None
-        self._fwd_depth = 0
+        self.inputs.uninstall()
         self._active = False
         self._compile_watch.uninstall()
         if self in _installed:
@@ -987,144 +628,6 @@ class Recorder:
         }
 
 
-_unrecorded = [0]  # > 0 inside unrecorded_batches()
-_grad_enabled = torch.is_grad_enabled
-
-
-@contextlib.contextmanager
-def unrecorded_batches() -> Iterator[None]:
-    """Batches taken from a DataLoader inside this block are not recorded as batches of the training.
-
-    For code that loads batches only to drop them, such as a trainer integration replaying the batches an
-    interrupted epoch had consumed, so that a recorded resume compares the batches training really used:
-
-    >>> with unrecorded_batches():
-    ...     pass
-    """
-    _unrecorded[0] += 1
-    try:
-        yield
-    finally:
-        _unrecorded[0] -= 1
-
-
-# --- the hooks on the root modules (module-level functions with a token: a hooked model stays picklable) -----
-_COMPILE_GLOBAL_HOOK_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
-_WRAPPER_CHILDREN = ("_orig_mod", "module", "_fsdp_wrapped_module")  # torch.compile, DDP/DP, FSDP
-_MAX_INPUT_TENSORS = 256
-_MAX_INPUT_DEPTH = 4
-_tokens = itertools.count(1)
-_by_token: weakref.WeakValueDictionary[int, Recorder] = weakref.WeakValueDictionary()
-_MAX_INPUTS_PER_STEP = 1024  # forwards recorded per step at most (a forward-only loop does not grow without end)
-_is_compiling: Any = (getattr(torch.compiler, "is_compiling", None) or getattr(torch._utils, "is_compiling", None)
-                      or (lambda: False))
-_is_exporting: Any = getattr(torch.compiler, "is_exporting", None) or (lambda: False)
-_is_transform_wrapper: Any = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor",
-                                     lambda t: False)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    """A tensor without values of its own (a meta or fake tensor of a tracer): nothing to fingerprint."""
-    return t.is_meta or type(t).__name__ in ("FakeTensor", "FunctionalTensor")
-
-
-def _find_roots(token: int, module: nn.Module, args: tuple[Any, ...]) -> None:
-    """The global forward pre-hook of :meth:`Recorder._install_finder`: at the first training forward, hook the
-    root modules. It runs before the forward of every module until then, outermost first."""
-    if _is_compiling() or _is_exporting():
-        return
-    rec = _by_token.get(token)
-    if (rec is None or rec._finder is None or rec.forked or not _grad_enabled() or not module.training
-            or _unrecorded[0] or next(module.parameters(), None) is None):
-        return
-    try:
-        rec._found_roots(module, args, _call_kwargs(module))
-    except Exception as exc:  # never break the script's forward for it
-        rec._remove_finder()
-        rec._warn_once("inputs", f"could not watch the inputs of {type(module).__name__}.forward "
-                       f"({type(exc).__name__}: {exc}); steps without a DataLoader batch record no data.")
-
-
-def _call_kwargs(module: nn.Module) -> dict[str, Any]:
-    """The keyword arguments of the ``module(...)`` call whose global pre-hook runs (global forward pre-hooks
-    get only the positional ones): read from ``Module._call_impl``'s frame; {} if it cannot be found."""
-    frame = sys._getframe(1)
-    for _ in range(4):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            break
-        local = frame.f_locals
-        if local.get("self") is module and isinstance(local.get("kwargs"), dict):
-            return dict(local["kwargs"])
-    return {}
-
-
-def _root_pre_hook(token: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    if _is_compiling() or _is_exporting():  # traced into compiled code: nothing runs there
-        return
-    rec = _by_token.get(token)
-    if rec is None or not rec._active:
-        return
-    try:
-        rec._on_root_call(module, args, kwargs)
-    except Exception as exc:  # never break the script's forward for it
-        rec._warn_once("inputs", f"could not fingerprint the inputs of {type(module).__name__}.forward "
-                       f"({type(exc).__name__}: {exc}); steps without a DataLoader batch may record no data.")
-
-
-def _root_post_hook(token: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-    if _is_compiling() or _is_exporting():
-        return
-    rec = _by_token.get(token)
-    if rec is None or not rec._active:
-        return
-    with contextlib.suppress(Exception):
-        rec._on_root_return(output)
-
-
-def _script_unhooked(token: int, script: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
-    """``torch.jit.script`` while a recorder hooks root modules: their Python hooks cannot be scripted."""
-    rec = _by_token.get(token)
-    if rec is None:
-        return script(obj, *args, **kwargs)
-    with rec._roots_unhooked():
-        return script(obj, *args, **kwargs)
-
-
-def _tensors_in(obj: Any, path: str, out: list[tuple[str, torch.Tensor]], depth: int) -> None:
-    """The tensors in a forward's arguments (or output), with their paths (``args[0]``, ``kwargs[labels]``), through
-    lists, tuples, mappings and dataclasses, at most ``_MAX_INPUT_DEPTH`` deep and ``_MAX_INPUT_TENSORS`` in all."""
-    if len(out) >= _MAX_INPUT_TENSORS:
-        return
-    if isinstance(obj, torch.Tensor):
-        out.append((path, obj))
-        return
-    if depth >= _MAX_INPUT_DEPTH or obj is None or isinstance(obj, (str, bytes, int, float, complex)):
-        return
-    if isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            _tensors_in(value, f"{path}[{i}]", out, depth + 1)
-    elif isinstance(obj, Mapping):
-        for key, value in obj.items():
-            name = key if isinstance(key, (str, int)) else type(key).__name__
-            _tensors_in(value, f"{path}[{name}]", out, depth + 1)
-    elif is_dataclass(obj) and not isinstance(obj, type):
-        for f in fields(obj):
-            _tensors_in(getattr(obj, f.name, None), f"{path}.{f.name}", out, depth + 1)
-
-
-def _module_label(module: nn.Module) -> str:
-    """The class whose forward gets the data: a wrapper's (DDP, ``torch.compile``, FSDP) inner module's."""
-    for _ in range(4):
-        children = module._modules
-        inner = children.get(next((n for n in _WRAPPER_CHILDREN if n in children), ""), None) \
-            if len(children) == 1 else None
-        if not isinstance(inner, nn.Module):
-            break
-        module = inner
-    return type(module).__name__
-
-
 _installed: list[Recorder] = []  # recorders installed in this process, the latest last
 _recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder of this process (for the fork hook)
 
@@ -1144,29 +647,6 @@ if hasattr(os, "register_at_fork"):
 def current_recorder() -> Recorder | None:
     """The recorder installed last in this process and still installed, or None."""
     return _installed[-1] if _installed else None
-
-
-def _optimizer_state(optimizer: Any, params: Mapping[str, torch.Tensor]
-                     ) -> tuple[dict[str, torch.Tensor | None], dict[str, str]]:
-    """An optimizer's per-parameter state as ``{"name.key": tensor}`` and ``{"name.key": repr}`` (non-tensors)."""
-    state: dict[str, torch.Tensor | None] = {}
-    scalars: dict[str, str] = {}
-    for name, p in params.items():
-        for key, value in optimizer.state.get(p, {}).items():
-            if isinstance(value, torch.Tensor):
-                state[f"{name}.{key}"] = value
-            elif value is None or isinstance(value, (bool, int, float, str)):
-                scalars[f"{name}.{key}"] = repr(value)
-            else:  # never a repr of an object (it may hold a memory address)
-                scalars[f"{name}.{key}"] = _object_fp(value)
-    return state, scalars
-
-
-def _object_fp(value: Any) -> str:
-    try:
-        return fingerprint_object(value)
-    except Exception as exc:
-        return unreadable_text(exc)
 
 
 class watch:  # noqa: N801 - reads as a function at call sites
@@ -1196,8 +676,8 @@ class watch:  # noqa: N801 - reads as a function at call sites
     ) -> None:
         models = {"": model} if isinstance(model, nn.Module) else dict(model)
         self.run_dir = Path(run_dir)
-        self.recorder = Recorder(run_dir, models=models, keep_values=keep_values, max_steps=max_steps,
-                                 check_ranks_every=check_ranks_every)
+        self.recorder = Recorder(run_dir, models=models, values=ValueSettings(keep=keep_values),
+                                 stop=StopSettings(max_steps=max_steps), check_ranks_every=check_ranks_every)
         self.summary: dict[str, Any] | None = None
 
     def __enter__(self) -> Recorder:

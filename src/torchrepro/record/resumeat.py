@@ -42,11 +42,12 @@ import inspect
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._core.patches import Patches
+from .settings import ResumeMarks, ValueSettings
 
 if TYPE_CHECKING:  # the parent (check) reads the names below without importing torch
     from .recorder import Recorder
@@ -141,12 +142,19 @@ class ResumePlan:
             raise ValueError(f"bad resume_at launch option {config!r}")
         return cls(phase=phase, step=step, checkpoint=str(config.get("checkpoint") or ""))
 
-    def recorder_options(self) -> dict[str, Any]:
-        """The recorder's options in this phase: marks everywhere; the RNG boundary where the resume happens."""
+    def recorder_settings(self, values: ValueSettings) -> tuple[ValueSettings, ResumeMarks]:
+        """The recorder's settings in this phase: marks everywhere; the RNG boundary where the resume happens; the
+        stop after step K in the stop phase; ``values`` with its gradient snapshots from step K+1 in the straight
+        run (the steps the resumed run compares), from step 1 in the others.
+
+        >>> values, marks = ResumePlan("straight", 4, "").recorder_settings(ValueSettings(keep=True))
+        >>> values.grad_start, marks
+        (5, ResumeMarks(enabled=True, boundary_after=4, stop_after=None))
+        """
         boundary = {"straight": self.step, "stop": None, "resume": 0}[self.phase]
-        return {"resume_marks": True, "boundary_after": boundary,
-                "stop_after": self.step if self.phase == "stop" else None,
-                "grad_value_start": self.step + 1 if self.phase == "straight" else 1}
+        marks = ResumeMarks(enabled=True, boundary_after=boundary,
+                            stop_after=self.step if self.phase == "stop" else None)
+        return replace(values, grad_start=self.step + 1 if self.phase == "straight" else 1), marks
 
     def install(self, recorder: Recorder | None) -> ResumePlan:
         """Set the script's environment variables and wrap the trainers (now, or when they are imported)."""
