@@ -186,3 +186,23 @@ def test_a_recorder_built_from_settings_records_as_before(tmp_path):
     saved = set(summary["values_saved"])
     assert {"init", "step_000001", "step_000003", "final", "grads_000002", "grads_000003"} <= saved
     assert "grads_000001" not in saved and Path(tmp_path / "r" / "values" / "grads_000002.pt").is_file()
+
+
+def test_launch_options_travel_to_the_child_as_json_and_back():
+    """The child rebuilds the launcher's options from JSON (launcher.child_env): every group comes back equal."""
+    import json
+
+    from torchrepro.record.launcher import CONFIG_ENV, child_env
+    from torchrepro.record.options import LaunchOptions, RankOptions, WorkdirOptions
+
+    opts = LaunchOptions(record="/tmp/r", seed=3, max_steps=4, values=ValueSettings(keep=True, schedule="sampled"),
+                         trace=TraceSettings(steps=(1, 2), mode="backward"),
+                         ranks=RankOptions(nproc_per_node=2, nnodes=2, node_rank=1, rendezvous=["--rdzv=x"],
+                                           static=False, output=True),
+                         workdir=WorkdirOptions(cwd="/tmp", watch_since_ns=5))
+    sent = json.loads(child_env(opts)[CONFIG_ENV])
+    assert LaunchOptions.from_json(sent) == opts
+    with pytest.raises(TypeError, match=r"LaunchOptions\.ranks must be a RankOptions, got \{'nproc_per_node': 2\}"):
+        LaunchOptions(ranks={"nproc_per_node": 2})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"RankOptions\.nproc_per_node must be an int >= 1, got 0"):
+        RankOptions(nproc_per_node=0)

@@ -29,7 +29,7 @@ def capture_options(opts: LaunchOptions, step: int, mode: str) -> LaunchOptions:
 
     stop_at = step if mode == "optimizer" else opts.max_steps
     capture = {"repeats": CAPTURE_REPEATS, "deltas": True}
-    return dataclasses.replace(opts, keep_values=False, max_steps=stop_at,
+    return dataclasses.replace(opts.with_values(keep=False), max_steps=stop_at,
                                extra_env={**opts.extra_env, CAPTURE_ENV: json.dumps(capture)})
 
 

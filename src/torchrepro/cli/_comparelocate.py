@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.causes import untraced_note
 from ..record.launcher import LaunchOptions
 from ..record.opvalues import OP_VALUES, OP_VALUES_ENV
+from ..record.settings import TraceSettings
 from ..record.store import OPS, Run, load_values
 from ._checkrun import WriteErrors
 from ._compare_locate_render import render_aligned_table
@@ -54,8 +55,8 @@ def locate_sides(sides: list[Side], runs: list[Run], result: CompareResult, out:
 def traced_options(opts: LaunchOptions, first: int, last: int, mode: str) -> LaunchOptions:
     """The re-runs trace steps ``first..last`` (0 = model construction), keep op values, stop right after."""
     stop_at = max(last, 1) if mode == "optimizer" else opts.max_steps
-    return dataclasses.replace(opts, keep_values=False, trace_steps=[first, last], trace_mode=mode, max_steps=stop_at,
-                               extra_env={**opts.extra_env, OP_VALUES_ENV: str(OP_VALUES_BUDGET)})
+    return dataclasses.replace(opts.with_values(keep=False), trace=TraceSettings(steps=(first, last), mode=mode),
+                               max_steps=stop_at, extra_env={**opts.extra_env, OP_VALUES_ENV: str(OP_VALUES_BUDGET)})
 
 
 def _locate_eager(sides: list[Side], result: CompareResult, out: Path, opts: LaunchOptions, first: int,

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..control._seeds import validate_seed
 from ..control._settings import SETTING_NAMES, setting, without
+from ..record.settings import ValueSettings
 
 
 def seed_arg(text: str) -> int:
@@ -90,6 +91,13 @@ def determinism_options(args: argparse.Namespace) -> dict[str, Any]:
     if left_out:
         return {"deterministic": True, "determinism": without(left_out)}
     return {"deterministic": bool(args.deterministic), "determinism": {}}
+
+
+def kept_values(args: argparse.Namespace, *, keep: bool = True) -> ValueSettings:
+    """What a compared run keeps of parameter values: snapshots on the sampled schedule, within ``--values-budget``
+    (the recorder's default when not given)."""
+    budget = getattr(args, "values_budget", None)
+    return ValueSettings(keep=keep, schedule="sampled", **({} if budget is None else {"budget": budget}))
 
 
 def add_launch_options(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from ..analysis.compare import note_shared_workdir
 from ..analysis.rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..analysis.report import plot_check
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
+from ..record.options import RankOptions
 from ..record.outdir import lock_dir
 from ..record.store import load_ranks
 from ._checkrun import (
@@ -22,7 +23,7 @@ from ._checkrun import (
     isolation_for,
     output_dir,
 )
-from ._options import determinism_options
+from ._options import determinism_options, kept_values
 from ._render import render
 
 
@@ -36,8 +37,7 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
-                         nproc_per_node=nproc, rank_output=True)
+                         values=kept_values(args), ranks=RankOptions(nproc_per_node=nproc, output=True))
     what = f"`{' '.join(args.user_command)}`"
     with lock_dir(out):
         isolation = isolation_for(args.fresh_cwd, out)

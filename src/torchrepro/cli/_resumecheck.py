@@ -27,13 +27,14 @@ from .._core.io import atomic_write_bytes
 from .._core.readjson import read_json
 from .._core.table import printable
 from ..record.launcher import CommandError, LaunchOptions, RunResult, parse_python_command
+from ..record.options import RankOptions
 from ..record.outdir import lock_dir, make_dir
 from ..record.resumeat import CHECKPOINT_ENV, FACTS_KEY
 from ..record.runfailure import tail_lines
 from ..record.runs import Isolation, PlannedRun, RunLoop
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks, load_run
 from ._checkrun import EnvironmentDifferences, environment_differences, isolation_for, output_dir
-from ._options import determinism_options
+from ._options import determinism_options, kept_values
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import RanksResume, ResumeResult
@@ -89,9 +90,9 @@ def execute_resume_runs(command: list[str], out: Path, k: int, base: LaunchOptio
     """Run 1 straight through; run 2 to step K and a checkpoint; run 2 again from that checkpoint, in a fresh
     process. A script that fails, never reaches step K+1 or never checkpoints is a ScriptError (exit 2).
 
-    With ``base.nproc_per_node`` each is a torchrun launch of that many ranks (``RUN/rank{R}``); the steps counted
+    With ``base.ranks.nproc_per_node`` each is a torchrun launch of that many ranks (``RUN/rank{R}``); the steps counted
     are rank 0's, the checkpoint is written once its launch has ended (by any rank, as the script does)."""
-    nproc = base.nproc_per_node
+    nproc = base.ranks.nproc_per_node
     parse_python_command(command)
     straight, stopped, resumed = out / "run1", out / "run2", out / "run2-resumed"
     checkpoints = out / "run2-checkpoint"
@@ -236,9 +237,8 @@ def run_resume_check(args: argparse.Namespace, command: list[str], nproc: int | 
     out = output_dir(args.out, "check")
     k = args.resume_at
     base = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
-                         extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)},
-                         nproc_per_node=nproc, rank_output=bool(nproc))
+                         values=kept_values(args), extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)},
+                         ranks=RankOptions(nproc_per_node=nproc, output=bool(nproc)))
     with lock_dir(out):
         isolation = isolation_for(args.fresh_cwd, out)
         runs = execute_resume_runs(command, out, k, base, isolation)

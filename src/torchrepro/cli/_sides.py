@@ -82,7 +82,7 @@ def record_side(side: Side, where: Path, opts: LaunchOptions, *, quiet: bool = F
         return side.recorded
     if not quiet:
         print(f"torchrepro: command {side.label}: `{side.shown}`", file=sys.stderr, flush=True)
-    opts = dataclasses.replace(opts, extra_env={**opts.extra_env, **side.env}, cwd=side.cwd or opts.cwd)
+    opts = dataclasses.replace(opts.in_dir(cwd=side.cwd or opts.workdir.cwd), extra_env={**opts.extra_env, **side.env})
     try:
         return execute_runs(side.argv, where, 1, opts, isolation, number=number)[0]
     except ScriptError as exc:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.errors import Interrupted, ReproError
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command, ranks_command
 from ..record.outdir import lock_dir
+from ..record.settings import TraceSettings
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, OPS, load_run
 from ._checkrun import (
     EnvironmentDifferences,
@@ -23,7 +24,15 @@ from ._checkrun import (
     isolation_for,
     output_dir,
 )
-from ._options import add_json_option, add_launch_options, determinism_options, launch_words, positive_int, runs_arg
+from ._options import (
+    add_json_option,
+    add_launch_options,
+    determinism_options,
+    kept_values,
+    launch_words,
+    positive_int,
+    runs_arg,
+)
 from ._output import locate_failed, save_locate
 from ._usage import COMMAND_TAIL, set_usage
 
@@ -129,8 +138,8 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     last = first + steps - 1
     # In optimizer mode the traced runs stop right after the traced steps (step 0 = construction: stop at 1).
     stop_at = max(last, 1) if result.step_mode == "optimizer" else opts.max_steps
-    trace_opts = dataclasses.replace(opts, keep_values=False, trace_steps=[first, last],
-                                     trace_mode=result.step_mode, max_steps=stop_at)
+    trace_opts = dataclasses.replace(opts.with_values(keep=False), trace=TraceSettings(steps=(first, last),
+                                     mode=result.step_mode), max_steps=stop_at)
     print(f"torchrepro: --locate: tracing every operation of step {first}" +
           (f"..{last}" if last > first else "") + " in two more runs", file=sys.stderr, flush=True)
     dirs = execute_runs(command, out / "locate", 2, trace_opts, _fresh_only(isolation), prestart=prestart)
@@ -156,7 +165,7 @@ def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts
 
     first = max(int(result.first_step or 1), 1)
     stop_at = first if result.step_mode == "optimizer" else opts.max_steps
-    capture_opts = dataclasses.replace(opts, keep_values=False, max_steps=stop_at, extra_env={
+    capture_opts = dataclasses.replace(opts.with_values(keep=False), max_steps=stop_at, extra_env={
         **opts.extra_env, CAPTURE_ENV: json.dumps({"repeats": DEFAULT_REPEATS})})
     print(f"torchrepro: --locate: the divergence lies in torch.compile'd code; capturing the graphs inductor "
           f"compiled and measuring them at step {first} in two more runs", file=sys.stderr, flush=True)
@@ -187,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
-                         keep_values=True, values_budget=args.values_budget, value_schedule="sampled",
+                         values=kept_values(args),
                          extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
     with lock_dir(out):
         isolation = isolation_for(args.fresh_cwd, out)

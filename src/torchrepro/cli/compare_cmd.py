@@ -24,7 +24,7 @@ from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUES_ENV, load_run
 from ._checkrun import WriteErrors, environment_differences, isolation_for, output_dir
-from ._options import add_run_options, determinism_options, positive_int
+from ._options import add_run_options, determinism_options, kept_values, positive_int
 from ._output import locate_failed
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
@@ -83,8 +83,8 @@ def add_parser(sub: Any) -> None:
 
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
     """What each recorded run gets: seeding, determinism, steps, and values for the tolerance."""
-    return LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps, keep_values=True,
-                         values_budget=args.values_budget, value_schedule="sampled",
+    return LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
+                         values=kept_values(args),
                          extra_env={GRAD_VALUES_ENV: str(COMPARE_GRAD_STEPS)})
 
 

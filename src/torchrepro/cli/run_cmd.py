@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..record.launcher import CommandError, LaunchOptions, launch, parse_torchrun, ranks_command
+from ..record.options import RankOptions
+from ..record.settings import TraceSettings, ValueSettings
 from ._options import add_json_option, add_launch_options, determinism_options, step_arg
 from ._usage import COMMAND_TAIL, set_usage
 
@@ -50,23 +52,26 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--trace-steps keeps the op trace in the run directory, so it needs --record DIR: "
                            "`torchrepro run --record DIR --trace-steps N -- python train.py`.")
     spec = parse_torchrun(args.user_command)
-    nodes: dict[str, Any] = {}
+    nodes: dict[str, Any] = {}  # RankOptions of one node of several
     if spec is not None and spec.nnodes > 1:  # one node of several: its rendezvous options go on to torchrun
         if args.nproc_per_node is not None and args.nproc_per_node != spec.nproc_per_node:
             raise CommandError(f"--nproc-per-node {args.nproc_per_node} disagrees with the torchrun command's "
                                f"--nproc-per-node {spec.nproc_per_node}; give the number of ranks once.")
         command, nproc = spec.python_command, spec.nproc_per_node  # type: list[str], int | None
         nodes = {"nnodes": spec.nnodes, "node_rank": spec.node_rank, "rendezvous": list(spec.rendezvous),
-                 "static_ranks": spec.static}
+                 "static": spec.static}
     else:
         command, nproc = ranks_command(args.user_command, args.nproc_per_node)
-    opts = LaunchOptions(record=args.record, seed=args.seed, **determinism_options(args), **nodes,
-                         max_steps=args.max_steps, keep_values=args.keep_values, values_budget=args.values_budget,
-                         trace_steps=[args.trace_steps] * 2 if args.trace_steps is not None else None,
-                         nproc_per_node=nproc)
+    budget = {} if args.values_budget is None else {"budget": args.values_budget}
+    opts = LaunchOptions(record=args.record, seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
+                         values=ValueSettings(keep=args.keep_values, **budget),
+                         trace=TraceSettings(steps=(args.trace_steps, args.trace_steps) if args.trace_steps is not None
+                                             else None),
+                         ranks=RankOptions(nproc_per_node=nproc, **nodes))
     result = launch(command, opts, stdout=sys.stderr if args.json else None)
-    if opts.nnodes > 1 and args.record and result.status not in ("ok", "stopped-at-max-steps"):
-        print(node_failure(args.record, opts.nnodes, (result.manifest or {}).get("node")), file=sys.stderr, flush=True)
+    if opts.ranks.nnodes > 1 and args.record and result.status not in ("ok", "stopped-at-max-steps"):
+        node = (result.manifest or {}).get("node")
+        print(node_failure(args.record, opts.ranks.nnodes, node), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(result.manifest if result.manifest is not None else
                          {"command": args.user_command, "exit_code": result.returncode, "status": result.status},

@@ -140,19 +140,19 @@ def _run_code(code: str) -> None:
 
 def _child_main(argv: list[str]) -> int:
     _die_with_parent(_parent_pid())
-    opts = LaunchOptions(**json.loads(os.environ.pop(CONFIG_ENV, "{}")))
+    opts = LaunchOptions.from_json(json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     # gated (start_gated): a Ctrl-C meant for the run before this one must not end this one while it waits
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if opts.gate_fd is not None else None
-    if opts.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
+    if opts.ranks.nproc_per_node and opts.record:  # one rank of a torchrun launch: record into RECORD/rank{RANK}
         opts.record = str(Path(opts.record) / f"rank{int(os.environ.get('RANK', '0'))}")
-        if opts.nnodes > 1:  # the run's directory may be shared with the other nodes: only this rank's is cleared
+        if opts.ranks.nnodes > 1:  # the run's directory may be shared with the other nodes: only this rank's is cleared
             prepare_run_dir(Path(opts.record))
-        if opts.rank_output:
+        if opts.ranks.output:
             _redirect_output(Path(opts.record))
     from ..control import determinism, seeding
     from ..env.info import ScriptProbe
     from .recorder import MaxStepsReached, Recorder
-    from .settings import DEFAULT_VALUES_BUDGET, StopSettings, TraceSettings, ValueSettings
+    from .settings import StopSettings
     from .workdir import ReadAudit
 
     if opts.gate_fd is not None:
@@ -172,18 +172,16 @@ def _child_main(argv: list[str]) -> int:
 
         plan = ResumePlan.from_options(opts.resume_at)
     if opts.record:
-        values = ValueSettings(keep=opts.keep_values, schedule=opts.value_schedule,
-                               budget=DEFAULT_VALUES_BUDGET if opts.values_budget is None else opts.values_budget)
+        values = opts.values
         resume = None
         if plan is not None:  # check --resume-at: its marks, and gradient snapshots from the step it compares
             values, resume = plan.recorder_settings(values)
-        trace = TraceSettings(steps=tuple(opts.trace_steps) if opts.trace_steps else None,  # type: ignore[arg-type]
-                              mode=opts.trace_mode)
-        recorder = Recorder(opts.record, values=values, trace=trace, resume=resume, timing=opts.timing,
+        recorder = Recorder(opts.record, values=values, trace=opts.trace, resume=resume, timing=opts.timing,
                             stop=StopSettings(max_steps=opts.max_steps, divergence=opts.divergence_stop)).install()
     if plan is not None:
         plan.install(recorder)
-    audit = ReadAudit(opts.watch_since_ns).install() if opts.watch_since_ns is not None else None
+    since = opts.workdir.watch_since_ns
+    audit = ReadAudit(since).install() if since is not None else None
     end = _ChildEnd(recorder, probe, audit, opts.record, plan)
     if recorder is not None:
         _write_summary_on_os_exit(end)

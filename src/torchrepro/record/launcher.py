@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,6 +41,7 @@ from .launchers import is_interpreter as is_interpreter
 from .launchers import parse_torchrun as parse_torchrun
 from .launchers import parse_torchrun_command as parse_torchrun_command
 from .launchers import ranks_command as ranks_command
+from .options import LaunchOptions as LaunchOptions  # re-exported: the launcher's options live there
 from .outdir import check_run_dir, clear_run_dir, lock_dir, make_dir
 from .store import read_trace_lines, write_manifest
 
@@ -177,35 +178,6 @@ def torchrun_command(target: Target, nproc_per_node: int, rendezvous: list[str] 
 
 
 @dataclass
-class LaunchOptions:
-    record: str | None = None
-    seed: int | None = None
-    deterministic: bool = False
-    determinism: dict[str, Any] = field(default_factory=dict)  # deterministic() keywords: settings left out
-    max_steps: int | None = None
-    keep_values: bool = False
-    values_budget: int | None = None  # bytes of value snapshots per run (None: the recorder's default)
-    value_schedule: str = "every"  # which steps get value snapshots: every | sampled (see record.sampled_step)
-    trace_steps: list[int] | None = None  # [first, last] steps to trace op by op (see optrace)
-    trace_mode: str = "optimizer"
-    extra_env: dict[str, str] = field(default_factory=dict)
-    audit: bool = False  # watch seeding, DataLoaders, autocast and CUBLAS_WORKSPACE_CONFIG (envinfo.ScriptProbe)
-    timing: bool = False  # record step boundaries only (no fingerprints), device-synchronised: see bench
-    torch_flags: dict[str, bool] = field(default_factory=dict)  # TORCH_FLAGS to set before the script starts
-    nproc_per_node: int | None = None  # run through torch.distributed.run with this many ranks, one trace each
-    nnodes: int = 1  # with nproc_per_node: this is one node of several (record each global rank into RECORD/rankG)
-    node_rank: int = 0  # torchrun's --node-rank (the node's ranks under its static rendezvous)
-    rendezvous: list[str] | None = None  # torchrun's rendezvous options for several nodes (replace --standalone)
-    static_ranks: bool = True  # ranks numbered node_rank * nproc_per_node + local rank (static rendezvous)
-    rank_output: bool = False  # with nproc_per_node: each rank writes its stdout/stderr into its rank directory
-    cwd: str | None = None  # the script's working directory (None: this process's); see check --fresh-cwd
-    watch_since_ns: int | None = None  # audit reads under the cwd of files changed since then (workdir.ReadAudit)
-    resume_at: dict[str, Any] | None = None  # check --resume-at: {"phase", "step", "checkpoint"} (resumeat.ResumePlan)
-    divergence_stop: dict[str, Any] | None = None  # check: stop K steps after a divergence (divergence.DivergenceWatch)
-    gate_fd: int | None = None  # the child waits on this pipe before the script runs (start_gated)
-
-
-@dataclass
 class RunResult:
     returncode: int
     status: str  # ok | failed | killed | stopped-at-max-steps | stopped-after-divergence
@@ -226,8 +198,8 @@ def child_env(opts: LaunchOptions, launcher_env: tuple[tuple[str, str], ...] = (
         env["TORCHREPRO_SEED"] = str(opts.seed)
     if opts.deterministic and opts.determinism.get("cublas_workspace", ":4096:8") is not None:
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    config = asdict(opts)
-    if opts.record and opts.cwd:  # the child starts in another directory: a relative path would land there
+    config = opts.to_json()
+    if opts.record and opts.workdir.cwd:  # the child starts in another directory: a relative path would land there
         config["record"] = os.path.abspath(opts.record)
     env[CONFIG_ENV] = json.dumps(config)
     env[PARENT_ENV] = str(os.getpid())  # under torchrun: torchrun's parent (it passes its own pid to the ranks)
@@ -340,7 +312,7 @@ def launch(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | None = 
     record = Path(opts.record)
     check_run_dir(record, flag="--record")
     make_dir(record, flag="--record")
-    if opts.nnodes > 1:  # the other nodes may be recording into this directory too: each rank clears its own
+    if opts.ranks.nnodes > 1:  # the other nodes may be recording into this directory too: each rank clears its own
         return _run_child(target, command, dataclasses.replace(
             opts, extra_env={**opts.extra_env, NODE_TOKEN_ENV: uuid.uuid4().hex}), stdout, stderr, on_poll)
     with lock_dir(record):
@@ -358,13 +330,13 @@ def _run_child(target: Target, command: list[str], opts: LaunchOptions, stdout: 
 
 def _spawn(target: Target, opts: LaunchOptions, stdout: IO[Any] | None, stderr: IO[Any] | None,
            pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-    if target.launcher and not opts.nproc_per_node:
+    if target.launcher and not opts.ranks.nproc_per_node:
         raise several_processes_error(target.launcher)
     try:
-        cmd = (torchrun_command(target, opts.nproc_per_node, opts.rendezvous) if opts.nproc_per_node
-               else target.child_command())
-        return subprocess.Popen(cmd, env=child_env(opts, target.env), stdout=stdout, stderr=stderr, cwd=opts.cwd,
-                                pass_fds=pass_fds)
+        nproc = opts.ranks.nproc_per_node
+        cmd = torchrun_command(target, nproc, opts.ranks.rendezvous) if nproc else target.child_command()
+        return subprocess.Popen(cmd, env=child_env(opts, target.env), stdout=stdout, stderr=stderr,
+                                cwd=opts.workdir.cwd, pass_fds=pass_fds)
     except OSError as exc:
         raise CommandError(f"cannot start {target.interpreter!r}: {exc.strerror or exc}.") from None
 
@@ -374,7 +346,7 @@ def _supervise(fwd: _SignalForwarder, command: list[str], opts: LaunchOptions, s
     """Wait for ``fwd.proc`` (signals passed on, progress polled), then write the manifest (:func:`_finish_run`)."""
     proc = fwd.proc
     assert proc is not None
-    first_rank = f"rank{opts.node_rank * (opts.nproc_per_node or 1)}" if opts.nproc_per_node else ""
+    first_rank = f"rank{opts.ranks.node_rank * (opts.ranks.nproc_per_node or 1)}" if opts.ranks.nproc_per_node else ""
     counter = _StepCounter(Path(opts.record) / first_rank) if opts.record else None
     try:
         while proc.poll() is None and fwd.received is None:
@@ -452,7 +424,7 @@ def start_gated(command: list[str], opts: LaunchOptions, *, stdout: IO[Any] | No
     after the gate opens, and the script runs exactly as it would under :func:`launch`. One process only (no
     torchrun, one node); POSIX (the gate is an inherited pipe).
     """
-    if opts.nproc_per_node or not opts.record or not hasattr(os, "pipe"):
+    if opts.ranks.nproc_per_node or not opts.record or not hasattr(os, "pipe"):
         raise ValueError("start_gated: a recorded run of one process only")
     target = parse_python_command(command)
     record = Path(opts.record)
@@ -492,7 +464,7 @@ def _wait_for_gate(fd: int) -> None:
 def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float, *,
                 interrupted: int | None, log: Any = None) -> RunResult:
     """Read the child's summary, write the manifest (for recorded runs) and classify the outcome."""
-    if opts.record and opts.nproc_per_node:
+    if opts.record and opts.ranks.nproc_per_node:
         return _finish_ranks(command, opts, rc, started, interrupted=interrupted, log=log)
     ended = time.time()
     manifest = None
@@ -524,7 +496,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
         summary.setdefault("fingerprint_algorithm", None)  # null: the child died before naming it
         manifest = {
             "command": list(command),
-            "cwd": opts.cwd or os.getcwd(),
+            "cwd": opts.workdir.cwd or os.getcwd(),
             "exit_code": rc,
             "signal": signal.Signals(-rc).name if rc < 0 and -rc in signal.Signals._value2member_map_ else None,
             "status": status,
@@ -533,7 +505,7 @@ def _finish_run(command: list[str], opts: LaunchOptions, rc: int, started: float
             "deterministic": opts.deterministic,
             "determinism_options": opts.determinism,
             "max_steps": opts.max_steps,
-            "trace_steps": opts.trace_steps,
+            "trace_steps": list(opts.trace.steps) if opts.trace.steps else None,
             "pythonhashseed": hash_seed(opts),
             "torch": summary.get("torch") or _torch_version(),
             "started": started,
@@ -590,7 +562,7 @@ def read_summary(path: Path) -> dict[str, Any]:
 def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: float, *, interrupted: int | None,
                   log: Any) -> RunResult:
     """Write each rank's manifest (``RECORD/rank{R}``) and the run's (``RECORD/manifest.json``, listing the ranks)."""
-    record, n = Path(opts.record or "."), int(opts.nproc_per_node or 1)
+    record, n = Path(opts.record or "."), int(opts.ranks.nproc_per_node or 1)
     text = ""
     if isinstance(log, str) and os.path.isfile(log):
         with contextlib.suppress(OSError):
@@ -605,7 +577,8 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         code, ended = _rank_exit(rank_dir, reported, r)
         if ended is not None:
             ends[r] = ended
-        sub = dataclasses.replace(opts, record=str(rank_dir), nproc_per_node=None)
+        one = dataclasses.replace(opts.ranks, nproc_per_node=None)
+        sub = dataclasses.replace(opts, record=str(rank_dir), ranks=one)
         rank_rc = code if code is not None else (rc if rc else 0)
         res = _finish_run(command, sub, rank_rc, started, interrupted=interrupted)
         # no exit status at all: torchrun stopped the rank after another one failed, or it ended abruptly
@@ -622,7 +595,7 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         status = "interrupted"
     first_rank = ranks.get(f"rank{base}", {})
     fields = {
-        "command": list(command), "cwd": opts.cwd or os.getcwd(), "exit_code": rc, "status": status,
+        "command": list(command), "cwd": opts.workdir.cwd or os.getcwd(), "exit_code": rc, "status": status,
         "interrupted_by": signal.Signals(interrupted).name if interrupted is not None else None,
         "nproc_per_node": n, "ranks": list(ranks), "rank_status": ranks, "failed_rank": first if failed else None,
         "ended_early": ended_early(ranks, ends, failed),
@@ -631,9 +604,9 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
         "pythonhashseed": hash_seed(opts), "torch": first_rank.get("torch") or _torch_version(), "started": started,
         "duration_s": round(time.time() - started, 3), "steps": first_rank.get("steps", 0), "trace_records": 0,
     }
-    if opts.nnodes > 1:
+    if opts.ranks.nnodes > 1:
         node = base // n
-        fields.update(nnodes=opts.nnodes, node=node, world_size=opts.nnodes * n)
+        fields.update(nnodes=opts.ranks.nnodes, node=node, world_size=opts.ranks.nnodes * n)
         make_dir(record / f"node{node}", flag="--record")
         write_manifest(record / f"node{node}", fields)
         manifest = write_nodes_manifest(record, fields)
@@ -645,14 +618,14 @@ def _finish_ranks(command: list[str], opts: LaunchOptions, rc: int, started: flo
 def _node_base(record: Path, opts: LaunchOptions, n: int) -> int:
     """The first global rank of this node: ``group_rank * n`` as its ranks wrote it down (a dynamic rendezvous
     numbers the nodes as they join), else ``node_rank * n`` (torchrun's static rendezvous)."""
-    if opts.nnodes <= 1:
+    if opts.ranks.nnodes <= 1:
         return 0
     token = opts.extra_env.get(NODE_TOKEN_ENV)
     for child in sorted(record.glob("rank*/child.json")):
         summary = read_summary(child)
         if token and summary.get("node_token") == token and isinstance(summary.get("group_rank"), int):
             return int(summary["group_rank"]) * n
-    return opts.node_rank * n
+    return opts.ranks.node_rank * n
 
 
 def write_nodes_manifest(record: Path, mine: dict[str, Any], wait_s: float = 60.0) -> dict[str, Any]:

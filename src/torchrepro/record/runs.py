@@ -130,11 +130,11 @@ class Isolation:
             return self._in_copy(run_dir, opts)
         if self.watch is not None:
             since = self.watch.start() if i == 1 else self.watch.since_ns
-            return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=since)
+            return dataclasses.replace(opts.in_dir(watch_since_ns=since), record=str(run_dir))
         return dataclasses.replace(opts, record=str(run_dir))
 
     def _in_copy(self, run_dir: Path, opts: LaunchOptions) -> LaunchOptions:
-        return dataclasses.replace(opts, record=str(run_dir.resolve()), cwd=self.copies[-1], extra_env={
+        return dataclasses.replace(opts.in_dir(cwd=self.copies[-1]), record=str(run_dir.resolve()), extra_env={
             **opts.extra_env, COPY_OF_ENV: json.dumps([os.path.abspath(self.copies[-1]), str(Path.cwd())])})
 
     def command(self, command: list[str]) -> list[str]:
@@ -151,7 +151,7 @@ class Isolation:
             return self._in_copy(run_dir, opts)
         if self.watch is not None:
             self.watch.before_restart()
-            return dataclasses.replace(opts, record=str(run_dir), watch_since_ns=self.watch.since_ns)
+            return dataclasses.replace(opts.in_dir(watch_since_ns=self.watch.since_ns), record=str(run_dir))
         return dataclasses.replace(opts, record=str(run_dir))
 
     def restart_done(self, i: int, run_dir: Path) -> str | None:
@@ -413,4 +413,4 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions, iso
                                                                          numbers=[1, i]))
         plan.append(PlannedRun(command, opts_i))
     with RunLoop(out, n, isolation=isolation, number=number) as loop:
-        return loop.run_all(plan, prestart=prestart and not opts.nproc_per_node, parallel=parallel)
+        return loop.run_all(plan, prestart=prestart and not opts.ranks.nproc_per_node, parallel=parallel)
