@@ -29,7 +29,8 @@ sparse COO tensors through their coalesced indices and values, CSR/CSC/BSR/BSC t
 compressed indices, plain indices and values, quantized tensors through their integer representation and
 quantization parameters, nested tensors through their components, MKL-DNN tensors through their dense copy.
 The digest of such a tensor is BLAKE2b-128 over a header (layout, dtype, shape, ...) and the fingerprints of
-those parts. Every dtype torch has (float8 and float4 variants, bool, complex, unsigned and sub-byte integers,
+those parts. A DTensor (FSDP2, tensor parallel) is fingerprinted as its local shard, with no collective
+(``_core/dtensor``). Every dtype torch has (float8 and float4 variants, bool, complex, unsigned and sub-byte integers,
 bit types) is read as raw bytes. Plain contiguous CPU tensors are hashed in place; others are copied out first
 (same digest). Only tensors without data of their own cannot be fingerprinted: ``meta`` tensors, tensors whose
 storage was freed or shrunk under them, tensors inside ``torch.func`` transforms.
@@ -64,6 +65,7 @@ from typing import Any, cast
 
 import torch
 
+from . import dtensor as _dtensor
 from . import ompteam as _ompteam
 from .compat import np, optional_import
 
@@ -513,13 +515,16 @@ def fingerprint_many(tensors: Sequence[torch.Tensor]) -> list[str]:
     """Fingerprints of many tensors with one device-to-host copy per device.
 
     Equal to ``[fingerprint(t) for t in tensors]``. CPU tensors are hashed with XXH3-128 (when ``xxhash`` and
-    NumPy are installed); other devices compute on the device and copy back two words per tensor.
+    NumPy are installed); other devices compute on the device and copy back two words per tensor. A DTensor's
+    fingerprint is its local shard's (``to_local()``: no collective; see ``_core/dtensor``).
     """
     if not tensors:
         return []
     dense: list[torch.Tensor] = []
     plan: list[tuple[str | None, int, int]] = []  # (header of a composite tensor or None, first part, parts)
     for t in tensors:
+        if type(t) not in _PLAIN_TENSOR_TYPES:  # a DTensor (FSDP2, tensor parallel): this rank's local shard
+            t = _dtensor.local_tensor(t)
         comp = _composite(t)
         if comp is None:
             plan.append((None, len(dense), 1))

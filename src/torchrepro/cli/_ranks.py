@@ -14,7 +14,7 @@ from ..analysis.report import plot_check
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
 from ..record.options import RankOptions
 from ..record.outdir import lock_dir
-from ..record.store import load_ranks
+from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks
 from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
@@ -37,7 +37,8 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
-                         values=kept_values(args), ranks=RankOptions(nproc_per_node=nproc, output=True))
+                         values=kept_values(args), ranks=RankOptions(nproc_per_node=nproc, output=True),
+                         extra_env={GRAD_VALUES_ENV: str(GRAD_VALUE_STEPS)})  # gradient |Δ| of the first steps
     what = f"`{' '.join(args.user_command)}`"
     with lock_dir(out):
         isolation = isolation_for(args.fresh_cwd, out)
@@ -87,7 +88,9 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
                      "ranks' replicas agree at every step.")
     elif check.verdict == "diverged":
         rank, lead = check.lead
-        lines.append(f"torchrepro: DIVERGED at step {lead.first_step} on rank {rank} ({where})")
+        mesh = check.mesh_text(rank)
+        lines.append(f"torchrepro: DIVERGED at step {lead.first_step} on rank {rank}"
+                     + (f" ({mesh})" if mesh else "") + f" ({where})")
     else:
         assert first_desync is not None
         lines.append(f"torchrepro: DESYNCHRONISED - {where}: every rank repeats itself across runs, but the ranks' "
@@ -99,7 +102,8 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
     lines.append("Across runs, rank by rank:")
     for r, result in enumerate(check.per_rank):
         if result.verdict == "identical":
-            lines.append(f"  rank {r}: identical ({result.steps[0]} steps)")
+            counts = check.counts_text(r)
+            lines.append(f"  rank {r}: identical ({result.steps[0]} steps" + (f"; {counts})" if counts else ")"))
         else:
             first = "; ".join(f"{d.label} {', '.join(printable(n) for n in d.names[:2])}" for d in result.first[:2])
             lines.append(f"  rank {r}: DIVERGED at step {result.first_step} ({first}); cause: {result.cause}")

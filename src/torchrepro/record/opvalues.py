@@ -4,8 +4,8 @@ An op record (:mod:`.optrace`) holds fingerprints only: enough to say whether tw
 not how far apart their values are. When :data:`OP_VALUES_ENV` gives a byte budget, the tracer also keeps a CPU
 copy of every floating-point tensor an op reads (before the op runs) or writes, keyed by its fingerprint, and
 writes them to ``op_values.pt`` beside ``ops.jsonl`` when tracing ends (``torch.save`` of ``{fingerprint:
-tensor}``, loaded with ``weights_only=True``). Tensors past the budget are counted, not kept: their ops can then
-only be compared bitwise. ``torchrepro compare --locate`` sets it.
+tensor}``, loaded with ``weights_only=True``; a DTensor is kept as its local shard, a plain tensor). Tensors past
+the budget are counted, not kept: their ops can then only be compared bitwise. ``torchrepro compare --locate`` sets it.
 
 Example:
     >>> keep = OpValues(budget=1 << 20)                     # doctest: +SKIP
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .._core.dtensor import local_tensor
 from .._core.io import atomic_write
 
 OP_VALUES_ENV = "TORCHREPRO_OP_VALUES"  # byte budget of the values an op trace keeps (unset: none)
@@ -46,6 +47,7 @@ class OpValues:
             if fp in self.kept or len(fp) != 32:  # "uninitialized", "unfingerprintable: ..."
                 continue
             try:
+                t = local_tensor(t)  # a DTensor: this rank's shard (what its fingerprint is of), a plain tensor
                 if not (t.is_floating_point() or t.is_complex()) or t.layout is not torch.strided or t.is_meta:
                     continue
                 size = t.numel() * t.element_size()

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .._core.dtensor import LayoutTracker
 from .._core.errors import ReproWarning
 from .._core.fingerprint import (
     UNREADABLE,
@@ -192,6 +193,7 @@ class Recorder:
         self._optimizers_exist: bool | None = None
         self._warned: set[str] = set()
         self.values = ValueWriter(self.trace.dir / VALUES, kept.budget) if kept.keep else None
+        self._layouts = LayoutTracker()  # DTensors' placements, mesh and coordinate, written as they change
         self._snapshot_due = SCHEDULES[kept.schedule]
         self._compile_watch = CompileWatch.from_env()  # torch.compile calls (and graph capture for --locate)
         self.steps = 0
@@ -360,7 +362,8 @@ class Recorder:
             params = self._all_model_params()
             if params:
                 self.device = str(next(iter(params.values())).device)
-            self.trace.write({"kind": "init", "t": self._now(), "params": self._fps(params)})
+            self.trace.write({"kind": "init", "t": self._now(), "params": self._fps(params),
+                              **self._layouts.fields(params=params)})
             if self.values is not None:
                 self.values.submit("init", params)
 
@@ -389,6 +392,7 @@ class Recorder:
             **data_fields(self._batches_since_backward, inputs),
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "grads": {k[2:]: v for k, v in fps.items() if k.startswith("g:")},
+            **self._layouts.fields(params=params, grads={k: v.grad for k, v in params.items()}),
         }
         if self.marks is not None:
             event.update(self.marks.backward_marks(rng=not self._optimizers_exist))
@@ -431,6 +435,7 @@ class Recorder:
             "params": {k[2:]: v for k, v in fps.items() if k.startswith("p:")},
             "state": {**{k[2:]: v for k, v in fps.items() if k.startswith("s:")}, **scalars},
             "lr": [g.get("lr") if isinstance(g.get("lr"), (int, float)) else None for g in optimizer.param_groups],
+            **self._layouts.fields(params=params, grads={k: v.grad for k, v in params.items()}, state=state),
         }
         if self.marks is not None:
             event.update(self.marks.step_marks(optimizer, opt_idx))
@@ -598,7 +603,8 @@ class Recorder:
         if self.steps or self.backward_calls:
             params = self._final_params()
             unreplicated = unreplicated_names(params)  # shards: each rank holds its own (rankcompare skips them)
-            self.trace.write({"kind": "final", "t": self._now(), "params": self._fps(params)})
+            self.trace.write({"kind": "final", "t": self._now(), "params": self._fps(params),
+                              **self._layouts.fields(params=params)})
             if self.values is not None:
                 self.values.submit("final", params, force=True)
         if self.values is not None:

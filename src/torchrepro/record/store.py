@@ -87,7 +87,15 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "batch_indices": ("list",), "after_step": ("int",),
     # batches that are the inputs of the model's forward (no DataLoader batch in the step), and whose forward
     "batches_source": ("string",), "input_modules": ("list of strings",),
+    # DTensors (FSDP2, tensor parallel): {kind: {name: layout or null}}, written when a layout changes (_core/dtensor)
+    "layouts": ("object",),
 }
+# One DTensor's layout (see _core/dtensor.py); lists of ints are checked by _layout_problems.
+LAYOUT_FIELDS: dict[str, tuple[str, ...]] = {
+    "placements": ("list of strings",), "mesh_shape": ("list",), "mesh_dim_names": ("list of strings", "null"),
+    "coordinate": ("list", "null"), "mesh_id": ("string",), "shape": ("list",),
+}
+LAYOUT_KINDS = ("params", "grads", "state")
 LOSS_FIELDS: dict[str, tuple[str, ...]] = {"fp": ("string", "null"), "value": ("hex float string", "null")}
 # Fields each kind of event must have (its readers index them).
 EVENT_REQUIRED: dict[str, tuple[str, ...]] = {"backward": ("loss",), "metric": ("name", "value")}
@@ -106,6 +114,41 @@ def event_problems(event: Any) -> list[str]:
     for entry in [*losses, *loss]:
         if isinstance(entry, dict):
             problems += field_problems(entry, LOSS_FIELDS, prefix="loss.")
+    if isinstance(event.get("layouts"), dict):
+        problems += _layout_problems(event["layouts"])
+    return problems
+
+
+def _int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(type(x) is int for x in v)
+
+
+def _layout_problems(layouts: dict[str, Any]) -> list[str]:
+    """What is wrong with an event's ``layouts`` ({kind: {name: layout or null}}), as sentences."""
+    problems: list[str] = []
+    for kind, named in layouts.items():
+        if kind not in LAYOUT_KINDS or not isinstance(named, dict):
+            problems.append(f"'layouts.{kind}' is {describe(named)}, expected an object under one of "
+                            f"{', '.join(LAYOUT_KINDS)}")
+            continue
+        for name, lay in named.items():
+            where = f"layouts.{kind}[{name!r}]."
+            if lay is None:
+                continue
+            if not isinstance(lay, dict):
+                problems.append(f"'{where[:-1]}' is {describe(lay)}, expected an object or null")
+                continue
+            problems += field_problems(lay, LAYOUT_FIELDS, prefix=where)
+            problems += [f"'{where}{key}' is {describe(lay[key])}, expected a list of ints"
+                         for key in ("mesh_shape", "coordinate", "shape")
+                         if isinstance(lay.get(key), list) and not _int_list(lay[key])]
+            if not isinstance(lay.get("placements"), list) or not isinstance(lay.get("mesh_shape"), list):
+                problems.append(f"'{where[:-1]}' needs 'placements' and 'mesh_shape'")
+            elif len(lay["placements"]) != len(lay["mesh_shape"]):
+                problems.append(f"'{where[:-1]}' has {len(lay['placements'])} placements for a mesh of "
+                                f"{len(lay['mesh_shape'])} dimensions")
+            if problems:
+                return problems[:3]
     return problems
 
 
@@ -157,6 +200,12 @@ class Run:
         return load_values(path, mmap=mmap)
 
 
+_WHOLE_DTENSORS = ("holds DTensors (FSDP2 or tensor-parallel tensors pickled whole), which values files do not hold: "
+                   "it was recorded by a torchrepro that saved DTensors as they are; this one saves each rank's local "
+                   "shard as a plain tensor.")
+_AGAIN_DTENSORS = "Record the run again with this torchrepro."
+
+
 def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     """A values file as ``{name: tensor}``, loaded without running pickled code; RunDirError if unusable."""
     import torch
@@ -172,6 +221,9 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
         if imports is None:  # not even a well-formed pickle stream: cut off or overwritten
             raise RunDirError(path, "cannot be read: it is not a valid torch.save file; it may be truncated or "
                               "corrupt.", "Record the run again.") from None
+        if any(name.startswith("torch.distributed.tensor") for name in imports):
+            raise RunDirError(path, _WHOLE_DTENSORS, _AGAIN_DTENSORS) from None
+        imports = [name for name in imports if not name.startswith("torch.")]
         if not imports:
             raise RunDirError(path, "holds pickle data that the safe loader refused: it is not a plain dict of "
                               "tensors.", "Record the run again.") from None
@@ -188,6 +240,8 @@ def load_values(path: Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
     if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
         got = type(data).__name__ if not isinstance(data, dict) else "dict with non-tensor values"
         raise RunDirError(path, f"holds a {got}, expected a dict of tensors.", "Record the run again.")
+    if any(type(v).__name__ == "DTensor" for v in data.values()):  # loaded where torch.distributed.tensor is imported
+        raise RunDirError(path, _WHOLE_DTENSORS, _AGAIN_DTENSORS)
     for name, t in data.items():  # a sparse gradient (nn.Embedding(sparse=True)) is compared as the dense tensor
         if t.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
             data[name] = t.to_dense()
@@ -215,6 +269,8 @@ def _not_dense(t: torch.Tensor) -> str | None:
 
 # Globals that torch.save writes for plain tensors; anything else in a refused file is code to run on load.
 _TENSOR_GLOBAL_PREFIXES = ("torch.", "collections.OrderedDict", "_codecs.encode")
+# torch's own, but refused by the safe loader: DTensors (and their meshes) pickled whole
+_SUBCLASS_GLOBAL_PREFIXES = ("torch.distributed.tensor", "torch.distributed.device_mesh")
 
 
 def _code_imports(path: Path) -> list[str] | None:
@@ -251,7 +307,8 @@ def _code_imports(path: Path) -> list[str] | None:
         parsed = True
     if not parsed:
         return None
-    return list(dict.fromkeys(g for g in found if not g.startswith(_TENSOR_GLOBAL_PREFIXES)))
+    return list(dict.fromkeys(g for g in found if not g.startswith(_TENSOR_GLOBAL_PREFIXES)
+                              or g.startswith(_SUBCLASS_GLOBAL_PREFIXES)))
 
 
 def load_run(run_dir: str | Path, *, allow_ranks: bool = False) -> Run:

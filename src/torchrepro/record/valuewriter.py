@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .._core.dtensor import local_shards
 from .._core.errors import ReproWarning
 from .._core.io import atomic_write
 
@@ -103,6 +104,7 @@ class ValueWriter:
 
     def submit(self, name: str, params: Mapping[str, torch.Tensor], *, force: bool = False) -> None:
         self._warn_once()
+        params = local_shards(params)  # DTensors (FSDP2, tensor parallel): this rank's shard, as a plain tensor
         n = self._submitted = self._submitted + 1
         if self.error is not None:
             self._failed.append((n, name))
