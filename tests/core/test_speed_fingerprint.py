@@ -19,6 +19,7 @@ import xxhash
 import torchrepro  # noqa: F401
 
 fp_mod = importlib.import_module("torchrepro._core.fingerprint")
+digest_mod = importlib.import_module("torchrepro._core.tensordigest")  # the knobs the tests patch live here
 CPU = torch.device("cpu")
 
 
@@ -37,27 +38,27 @@ def _torch_path(t: torch.Tensor) -> str:
 
 @pytest.fixture
 def small_slices(monkeypatch):
-    monkeypatch.setattr(fp_mod, "TORCH_SLICE_WORDS", 1000)
+    monkeypatch.setattr(digest_mod, "TORCH_SLICE_WORDS", 1000)
 
 
 def _helper_thread_path(t: torch.Tensor) -> str:
     """The large-tensor path where torch's OpenMP team cannot be used: a helper thread of our own."""
-    old = (fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS)
-    fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS = (lambda fn, threads: False), 2
+    old = (digest_mod._ompteam.run, digest_mod._PARALLEL_MIN_CHUNKS)
+    digest_mod._ompteam.run, digest_mod._PARALLEL_MIN_CHUNKS = (lambda fn, threads: False), 2
     try:
         return _xxh3_path(t, 2)
     finally:
-        fp_mod._ompteam.run, fp_mod._PARALLEL_MIN_CHUNKS = old
+        digest_mod._ompteam.run, digest_mod._PARALLEL_MIN_CHUNKS = old
 
 
 def _team_path(t: torch.Tensor) -> str:
     """The large-tensor path on torch's OpenMP team (where usable), with the size threshold lowered."""
-    old = fp_mod._TEAM_MIN_CHUNKS
-    fp_mod._TEAM_MIN_CHUNKS = 2
+    old = digest_mod._TEAM_MIN_CHUNKS
+    digest_mod._TEAM_MIN_CHUNKS = 2
     try:
         return _xxh3_path(t, 2)
     finally:
-        fp_mod._TEAM_MIN_CHUNKS = old
+        digest_mod._TEAM_MIN_CHUNKS = old
 
 
 def _strided_copy_path(t: torch.Tensor) -> str:
@@ -273,7 +274,7 @@ def test_torch_path_equals_the_documented_algorithm_sliced_or_batched(monkeypatc
     ts.append(torch.arange(7, dtype=torch.int8))  # not a whole number of words: zero-padded
     expected = [_reference_torch(t) for t in ts]
     assert fp_mod._digests_torch(ts, CPU) == expected  # one batch
-    monkeypatch.setattr(fp_mod, "TORCH_SLICE_WORDS", 200)  # long tensors in slices, short ones in batches
+    monkeypatch.setattr(digest_mod, "TORCH_SLICE_WORDS", 200)  # long tensors in slices, short ones in batches
     assert fp_mod._digests_torch(ts, CPU) == expected
     assert [fp_mod._digests_torch([t], CPU)[0] for t in ts] == expected
 
@@ -287,7 +288,7 @@ def test_the_algorithm_used_is_reported():
 
 def test_without_xxhash_cpu_tensors_use_the_torch_path(monkeypatch):
     t = torch.randn(100, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(fp_mod, "xxhash", None)
+    monkeypatch.setattr(digest_mod, "xxhash", None)
     mark = fp_mod.usage_mark()
     assert fp_mod.fingerprint(t) == _reference_torch(t)
     assert fp_mod.algorithms_since(mark) == fp_mod.ALGORITHM_TORCH
