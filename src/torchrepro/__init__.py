@@ -24,6 +24,7 @@ from ._version import __version__
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported on first use
     from ._core.errors import (
+        BatchInvarianceError,
         CheckpointError,
         CollectiveError,
         DeviceMismatchError,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     )
     from ._core.fingerprint import fingerprint, fingerprint_many
     from .analysis.envdiff import EnvChange, EnvDiff, diff_environments
+    from .analysis.invariance import BatchInvarianceResult, assert_batch_invariant, check_batch_invariance
     from .analysis.scan import ScanFinding, ScanReport, scan
     from .control.determinism import DeterminismConfig, current_config, deterministic
     from .control.policy import DeterminismPolicy, mark_deterministic
@@ -57,6 +59,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names are imported 
     from .env.info import Environment, environment, environment_summary
     from .measure.assertdet import TOLERANCES, assert_deterministic
     from .measure.nondeterminism import NondeterminismReport, measure_nondeterminism
+    from .nn.invariant import batch_invariant
     from .record.metrics import log_metric
     from .record.optrace import trace_ops
     from .record.recorder import watch
@@ -86,6 +89,7 @@ _EXPORTS: dict[str, str] = {
     "Environment": "env.info",
     "environment": "env.info",
     "environment_summary": "env.info",
+    "BatchInvarianceError": "_core.errors",
     "CheckpointError": "_core.errors",
     "CollectiveError": "_core.errors",
     "DeviceMismatchError": "_core.errors",
@@ -124,6 +128,10 @@ _EXPORTS: dict[str, str] = {
     "ScanFinding": "analysis.scan",
     "ScanReport": "analysis.scan",
     "scan": "analysis.scan",
+    "BatchInvarianceResult": "analysis.invariance",
+    "assert_batch_invariant": "analysis.invariance",
+    "check_batch_invariance": "analysis.invariance",
+    "batch_invariant": "nn.invariant",
     "derive_seed": "control.seeding",
     "seed_everything": "control.seeding",
 }
@@ -131,6 +139,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AuditItem",
     "AuditReport",
+    "BatchInvarianceError",
+    "BatchInvarianceResult",
     "CheckpointError",
     "CollectiveError",
     "ConsistencyReport",
@@ -159,8 +169,11 @@ __all__ = [
     "StateFileError",
     "TOLERANCES",
     "__version__",
+    "assert_batch_invariant",
     "assert_deterministic",
     "audit",
+    "batch_invariant",
+    "check_batch_invariance",
     "check_consistency",
     "current_config",
     "derive_seed",

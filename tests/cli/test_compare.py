@@ -96,7 +96,8 @@ def test_the_same_pair_within_a_tolerance_is_equivalent(order, tmp_path, capsys)
     # within a tolerance, the advice no longer offers one
     assert main(["compare", "--json", "--rtol", "1e-4", "--out", str(tmp_path / "eq2"), *runs]) == 0
     action = json.loads(capsys.readouterr().out)["action"]
-    assert action.endswith("with its module and source line on both sides.") and "--rtol" not in action
+    assert action.endswith("with its module and source line on both sides.") and "--rtol/--atol" not in action
+    assert action.startswith(f"`torchrepro compare --rtol 0.0001 --locate {runs[0]} {runs[1]}`")  # pasted: the same
 
 
 def test_locate_text_from_recorded_traces(order, tmp_path, capsys):

@@ -4,7 +4,9 @@ FSDP x TP).
 Each check is recorded once per module (a fixture) and read by several tests: FSDP2 reproducible, FSDP2 with noise
 on one rank's shard, tensor parallel with a Replicate() parameter nudged on one rank, HSDP (a 2-D mesh whose
 replicate dimension makes both ranks hold the same shard) nudged on one rank, and FSDP x TP on a 2 x 2 mesh with a
-parameter replicated along tp nudged on one rank."""
+parameter replicated along tp nudged on one rank; and the shards and random draws against their placements: FSDP2 with
+the dropout reseeded alike on every rank (correlated random numbers), tensor parallel with a shard initialised alike on
+every rank and a dropout on a replicated activation (a broken shard, correlated draws, replicas drawing apart)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,19 @@ def fsdp_tp_nudge(tmp_path_factory: pytest.TempPathFactory) -> Checked:
     # 4 ranks on a (dp=2, tp=2) mesh: fc2.bias is (Shard(0), Replicate()), nudged on rank 3 only
     return Checked(tmp_path_factory.mktemp("fsdp_tp") / "out", FSDP, "--tp", "--nudge-rank", "3", "--nudge-step", "2",
                    "--nudge-tensor", "fc2.bias", nproc=4)
+
+
+@pytest.fixture(scope="module")
+def fsdp_reseed(tmp_path_factory: pytest.TempPathFactory) -> Checked:
+    # every rank reseeds its generator alike just before the dropout: correlated dropout masks across the ranks
+    return Checked(tmp_path_factory.mktemp("fsdp_reseed") / "out", FSDP, "--reseed-dropout")
+
+
+@pytest.fixture(scope="module")
+def tp_broken(tmp_path_factory: pytest.TempPathFactory) -> Checked:
+    # fc1.weight (Shard(0)) re-initialised after sharding from the same state on every rank (equal shards, correlated
+    # uniform_ draws), and a dropout on fc2's replicated output drawing each rank's own mask (replicas part)
+    return Checked(tmp_path_factory.mktemp("tp_broken") / "out", TP, "--init-after-shard", "--replicated-dropout")
 
 
 FSDP_COUNTS = {"compared": 20, "params": 4, "grads": 4, "state": 12, "dtensors": 16, "unreadable": 0}
@@ -151,7 +166,7 @@ def test_tensor_parallel_replica_nudged_on_one_rank_is_a_desync_named_with_its_m
     assert "torchrepro: DESYNCHRONISED - " in p.stdout and "replicas part at step 2" in p.stdout
     # each rank repeats itself across runs: the tensor-parallel run is recorded reproducibly, every tensor compared
     for r in (0, 1):
-        assert f"rank {r}: identical (3 steps; 20 tensors compared: 4 parameters, 4 gradients, 12 optimizer-state " \
+        assert f"rank {r}: identical (3 steps; 30 tensors compared: 6 parameters, 6 gradients, 18 optimizer-state " \
                "(16 DTensors, by local shard))" in p.stdout, p.stdout
     line = ("rank 1 differs from rank 0 at step 2: parameters fc2.bias [Replicate() on mesh (tp=2); rank 1 at (1,), "
             "rank 0 at (0,)]")
@@ -197,3 +212,52 @@ def test_fsdp_x_tp_on_a_2x2_mesh_compares_the_replicas_along_tp_only(fsdp_tp_nud
     lays = fsdp_tp_nudge.ranks(1)[3].of_kind("init")[0]["layouts"]["params"]
     assert lays["fc1.weight"]["placements"][1] == "Shard(0)" and lays["fc2.weight"]["placements"] == ["Shard(0)",
                                                                                                        "Shard(1)"]
+
+
+# --- shards and random draws against their placements (analysis/shardcheck, record/draws) --------------------------
+def _placement(checked: Checked) -> list[dict[str, Any]]:
+    return [p for run in checked.doc["placement"] for p in run["problems"]]
+
+
+def test_sharded_runs_with_independent_draws_report_no_broken_shard_and_no_correlated_draw(
+        fsdp: Checked, tp_nudge: Checked) -> None:
+    for checked in (fsdp, tp_nudge):
+        assert _placement(checked) == [] and "than their placements say" not in checked.text
+        runs = checked.doc["placement"]
+        assert [r["run"] for r in runs] == [1, 2] and all(r["draws_compared"] >= 2 for r in runs)  # dropout, 2 steps
+        assert "run 1: no broken shard; " in checked.text
+    # each rank recorded which sharded parameters are constant (none: every one was drawn), and its dropout draws
+    rank0 = fsdp.ranks(1)[0]
+    assert rank0.of_kind("init")[0]["constant"] == [] and all(s["constant"] == [] for s in rank0.steps())
+    draws = [e for e in rank0.events if e.get("kind") == "draw" and e["site"] == "drop"]
+    assert [(d["op"], d["during_step"], d["layout"]) for d in draws] == [("bernoulli_", 1, None),
+                                                                         ("bernoulli_", 2, None)]
+    assert not [e for e in rank0.events if e.get("kind") == "draw" and e["during_step"] > 2]  # the first 2 steps only
+
+
+def test_dropout_reseeded_alike_on_every_rank_is_reported_as_correlated_random_numbers(fsdp_reseed: Checked) -> None:
+    p, doc = fsdp_reseed.proc, fsdp_reseed.doc
+    assert p.returncode == 0, p.stderr  # the runs repeat each other: the verdict stands, the warning is beside it
+    assert doc["verdict"] == "identical"
+    assert "Warning: correlated random numbers in runs 1, 2 (below)" in p.stdout
+    line = ("correlated random numbers: bernoulli_ #0 in drop during step 1 drew bitwise identical values on ranks 0 "
+            "and 1, which hold different inputs (+1 more)")
+    assert f"run 1: {line}" in p.stdout and f"run 2: {line}" in p.stdout
+    assert "Cause: correlated random numbers - " in p.stdout
+    assert [(x["kind"], x["name"], x["site"], x["step"], x["ranks"], x["more"]) for x in _placement(fsdp_reseed)] == [
+        ("correlated", "bernoulli_", "drop", 1, [0, 1], 1)] * 2
+
+
+def test_a_shard_initialised_alike_on_every_rank_and_replicas_drawing_apart_are_reported(tp_broken: Checked) -> None:
+    p = tp_broken.proc
+    assert p.returncode == 1, p.stderr  # the replicated region's own masks desynchronise the replicas
+    assert "Warning: broken shard and correlated random numbers and replicas drew different random numbers" in p.stdout
+    assert ("run 1: broken shard in the initial parameters: fc1.weight [Shard(0) on mesh (tp=2)] has bitwise identical "
+            "shards on ranks 0 and 1 although the tensor is not constant") in p.stdout
+    assert ("outside any module's forward by the end of step 1 [Shard(0) on mesh (tp=2)] drew bitwise identical "
+            "values on ranks 0 and 1, which hold other shards") in p.stdout
+    assert ("run 1: replicas drew different random numbers: bernoulli_ #0 in drop2 during step 1 differs between "
+            "ranks 0 and 1, which hold bitwise equal inputs") in p.stdout
+    kinds = [(x["kind"], x["name"], x["placements"]) for x in _placement(tp_broken)]
+    assert kinds == [("broken-shard", "fc1.weight", ["Shard(0)"]), ("correlated", "uniform_", ["Shard(0)"]),
+                     ("replicas-drew", "bernoulli_", None)] * 2

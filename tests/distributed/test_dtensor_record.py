@@ -78,6 +78,12 @@ keep.keep([w], [fingerprint(w)])
 out["opvalues"] = [type(v).__name__ for v in keep.kept.values()]
 keep.save(tmp / "op_values.pt")
 out["opvalues_loaded"] = [type(v).__name__ for v in torch.load(tmp / "op_values.pt", weights_only=True).values()]
+# the sharded parameters whose local shard is constant (the recorder's tracker only)
+zero = distribute_tensor(torch.zeros(4, 3), mesh, [Shard(0)])
+rep = distribute_tensor(torch.zeros(4, 3), mesh, [Replicate()])
+out["constant"] = LayoutTracker(constant=True).fields(params={"w": w, "z": zero, "r": rep, "p": plain})["constant"]
+out["constant_none"] = LayoutTracker(constant=True).fields(params={"r": rep, "p": plain}).get("constant")
+out["constant_off"] = LayoutTracker().fields(params={"z": zero}).get("constant")
 dist.destroy_process_group()
 print(json.dumps(out))
 '''
@@ -120,6 +126,11 @@ def test_values_are_plain_local_shards_and_a_whole_dtensor_is_refused_by_name(re
     assert real["loaded"] == ["Tensor", True]
     assert "holds DTensors" in real["whole"] and "Record the run again" in real["whole"]
     assert real["opvalues"] == ["Tensor"] and real["opvalues_loaded"] == ["Tensor"]
+
+
+def test_the_recorders_tracker_names_the_sharded_parameters_whose_shard_is_constant(real: dict[str, Any]) -> None:
+    assert real["constant"] == ["z"]  # w: not constant; r: replicated; p: plain
+    assert real["constant_none"] is None and real["constant_off"] is None
 
 
 # --- the comparison of ranks, on hand-made traces ------------------------------------------------------------

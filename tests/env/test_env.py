@@ -192,6 +192,8 @@ def test_a_synthetic_change_lands_in_its_rank(env_doc, path, value, rank, short)
     base = _with(env_doc, "cpu.features", {"avx512f": True}) if path.startswith("cpu.features") else env_doc
     base = _with(base, "packages.numpy", "2.0.0") if path == "packages.numpy" else base
     base = _with(base, "packages.rich", "13.0.0") if path == "packages.rich" else base
+    # the rows of the CUDA stack rank as such where CUDA can run (on two CPU-only sides they are benign)
+    base = _with(base, "cuda.available", True) if path.startswith(("env.NCCL_", "cuda.")) else base
     old = base
     for part in path.split("."):
         old = old.get(part) if isinstance(old, dict) else None
@@ -302,8 +304,8 @@ def test_env_diff_exit_codes_and_json(tmp_path, capsys, env_doc):
     assert json.loads(capsys.readouterr().out)["counts"][BREAKS] == 1
     assert main(["env", "diff", a, threads]) == 1
     out = capsys.readouterr().out
-    assert out.startswith(f"Environment differences ({a} → {threads}): breaks bitwise equality 1\n")
-    assert "  Breaks bitwise equality:\n    threads.intra_op  " in out
+    assert out.startswith(f"Environment differences ({a} → {threads}): can break bitwise equality 1\n")
+    assert "  Can break bitwise equality:\n    threads.intra_op  " in out
 
 
 def test_env_diff_bad_inputs(tmp_path, capsys, env_doc):
@@ -389,7 +391,8 @@ def test_env_prints_recorded_values_escaped(monkeypatch, capsys):
 
 
 def test_env_diff_and_check_print_recorded_values_escaped(tmp_path, capsys, env_doc):
-    plain = _with(env_doc, "env.CUBLAS_WORKSPACE_CONFIG", None)
+    # a side that can use CUDA: there CUBLAS_WORKSPACE_CONFIG can break bitwise equality (exit 1)
+    plain = _with(_with(env_doc, "env.CUBLAS_WORKSPACE_CONFIG", None), "cuda.available", True)
     a = _write(tmp_path / "a.json", plain)
     evil_doc = _with(_with(plain, "env.CUBLAS_WORKSPACE_CONFIG", EVIL), "env.OMP_\x1b[2JNUM_THREADS", "1\u202e")
     b = _write(tmp_path / "b.json", evil_doc)

@@ -9,9 +9,16 @@
         [--nudge-tensor NAME]             which parameter the nudge changes (default fc1.weight)
         [--hsdp]                          HSDP: a 2-D mesh (replicate=world, shard=1), placements (Replicate(),
                                           Shard(0)): every rank holds a replica of the same (whole) shard
+        [--reseed-dropout]                every rank calls torch.manual_seed(0) in the forward, just before the
+                                          dropout: the ranks drop the same positions of their different activations
+                                          (correlated random numbers, reported by the ranks check)
         [--tp]                            FSDP x TP: a 2-D mesh (dp=world/2, tp=2); fc1 ColwiseParallel and fc2
                                           RowwiseParallel on tp, then fully_shard on dp (fc2.bias: (Shard(0),
                                           Replicate())); the ranks of a tp group see the same batches
+        [--global-batch]                  every step draws one batch of 8 rows from one generator, the same on
+                                          every rank, and each rank trains on its own rows of it, dropout off:
+                                          the same model and data whatever the world size (1, 2, 4 or 8 ranks),
+                                          for `torchrepro compare --full-tensors` across world sizes
 
 Each ``nn.Linear`` is ``fully_shard``-ed, then the root: every parameter is a DTensor ``Shard(0)`` on the mesh, its
 gradient and AdamW's ``exp_avg``/``exp_avg_sq`` too. The model has dropout (per-rank masks after
@@ -36,6 +43,8 @@ import torchrepro
 
 
 class Net(nn.Module):
+    reseed = False  # --reseed-dropout
+
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(8, 16)
@@ -43,7 +52,10 @@ class Net(nn.Module):
         self.fc2 = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+        h = torch.relu(self.fc1(x))
+        if self.reseed:
+            torch.manual_seed(0)  # the same generator state on every rank: the same dropout mask
+        return self.fc2(self.drop(h))
 
 
 def launch_number(path: str) -> int:
@@ -66,6 +78,8 @@ def main() -> int:
     p.add_argument("--nudge-tensor", default="fc1.weight")
     p.add_argument("--hsdp", action="store_true")
     p.add_argument("--tp", action="store_true")
+    p.add_argument("--reseed-dropout", action="store_true")
+    p.add_argument("--global-batch", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args()
 
@@ -83,15 +97,22 @@ def main() -> int:
         data_rank = rank
     torchrepro.seed_everything(args.seed)  # the same initial weights on every rank, per-rank dropout masks
     model = Net()
+    model.reseed = args.reseed_dropout
     if args.tp:
         parallelize_module(model, mesh2["tp"], {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     for layer in (model.fc1, model.fc2):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(1000 + data_rank)  # each data-parallel rank its own data
+    gen = torch.Generator().manual_seed(1000 + (0 if args.global_batch else data_rank))  # per rank: its own data
+    if args.global_batch:
+        model.drop.p = 0.0  # dropout masks would depend on the world size (each rank draws its own)
     for step in range(1, args.steps + 1):
         x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 4, generator=gen)
+        if args.global_batch:  # one global batch of 8 rows; this rank's share of it
+            x, y = torch.cat([x, torch.randn(4, 8, generator=gen)]), torch.cat([y, torch.randn(4, 4, generator=gen)])
+            rows = 8 // world
+            x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()

@@ -6,6 +6,11 @@ torchrepro's distributed tests.
                                           just before optimizer step K, in every run: the ranks' replicas part
         [--noise-rank R --noise-step K]   rank R adds noise drawn from os.urandom to its shard of fc1.weight
                                           (Shard(0)) just before optimizer step K: the runs differ on that rank
+        [--init-after-shard]              every rank re-initialises fc1.weight (a Shard(0) DTensor) with
+                                          nn.init.uniform_ after parallelize_module from the same generator state:
+                                          on CPU every shard gets the same values (a broken shard, correlated draws)
+        [--replicated-dropout]            a dropout on fc2's output, which is replicated (equal on every rank):
+                                          each rank's own dropout stream makes the replicas part
         [--print-layouts]                 rank 0 prints each parameter's and gradient's placements after step 1
 
 ``fc1`` is ``ColwiseParallel`` (weight and bias ``Shard(0)``), ``fc2`` ``RowwiseParallel`` (weight ``Shard(1)``,
@@ -30,15 +35,16 @@ import torchrepro
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, replicated_dropout: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(8, 16)
         self.drop = nn.Dropout(0.25)
         self.fc2 = nn.Linear(16, 8)
         self.head = nn.Linear(8, 4)
+        self.drop2 = nn.Dropout(0.25) if replicated_dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.fc2(self.drop(torch.relu(self.fc1(x))))))
+        return self.head(torch.relu(self.drop2(self.fc2(self.drop(torch.relu(self.fc1(x)))))))
 
 
 def main() -> int:
@@ -50,6 +56,8 @@ def main() -> int:
     p.add_argument("--noise-rank", type=int, default=-1)
     p.add_argument("--noise-step", type=int, default=-1)
     p.add_argument("--print-layouts", action="store_true")
+    p.add_argument("--init-after-shard", action="store_true")
+    p.add_argument("--replicated-dropout", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args()
 
@@ -57,7 +65,10 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     torchrepro.seed_everything(args.seed)  # the same initial weights on every rank, per-rank dropout masks
-    model = parallelize_module(Net(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    model = parallelize_module(Net(args.replicated_dropout), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    if args.init_after_shard:
+        torch.manual_seed(args.seed)  # the same state on every rank; CPU DTensors have no offset-based RNG tracker
+        nn.init.uniform_(model.fc1.weight, -0.3, 0.3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(1000)  # the same batches on every rank of the tensor-parallel group
     for step in range(1, args.steps + 1):

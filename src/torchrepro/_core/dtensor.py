@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["LayoutTracker", "describe_layout", "dtensor_type", "is_dtensor", "layout", "local_shards",
-           "local_tensor", "placement_text", "replica_key"]
+__all__ = ["LayoutTracker", "constant_shards", "describe_layout", "dtensor_type", "is_dtensor", "layout",
+           "local_shards", "local_tensor", "placement_text", "replica_key"]
 
 
 def dtensor_type() -> Any:
@@ -144,10 +144,18 @@ class LayoutTracker:
     ``fields(params=..., grads=..., state=...)`` (each a ``{name: tensor or None}``) returns ``{"layouts": {kind:
     {name: layout or None}}}`` holding only what changed since the last call for that kind and name (``None``: the
     name was a DTensor and is a plain tensor now), or ``{}``: events of programs without DTensors never change.
-    A reader carries each name's layout forward from event to event (``analysis.rankcompare.layouts_at``)."""
+    A reader carries each name's layout forward from event to event (``analysis.rankcompare.layouts_at``).
 
-    def __init__(self) -> None:
+    Made with ``constant=True`` (the recorder's), and with parameters among the kinds, the result also holds
+    ``"constant"``: the names of the sharded DTensor parameters (a ``Shard``/``StridedShard`` placement) whose local
+    shard holds one value only (a zero bias): a reader that finds a sharded parameter's shards bitwise equal on
+    every shard knows from it whether the full tensor is constant (fine) or not (a broken shard,
+    ``analysis.shardcheck``). Written whenever a sharded parameter is recorded (an empty list: none is constant);
+    one pass over each local shard."""
+
+    def __init__(self, *, constant: bool = False) -> None:
         self._last: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._constant = constant
 
     def fields(self, **kinds: Mapping[str, Any]) -> dict[str, Any]:
         cls = dtensor_type()
@@ -166,4 +174,37 @@ class LayoutTracker:
                 if self._last.get(key, 0) != lay:
                     self._last[key] = lay
                     changed.setdefault(kind, {})[name] = lay
-        return {"layouts": changed} if changed else {}
+        out: dict[str, Any] = {"layouts": changed} if changed else {}
+        if self._constant and "params" in kinds:
+            constant = constant_shards(kinds["params"], cls)
+            if constant is not None:
+                out["constant"] = constant
+        return out
+
+
+def _sharded(t: Any) -> bool:
+    return any(callable(getattr(p, "is_shard", None)) and p.is_shard() or hasattr(p, "split_factor")
+               for p in t.placements)
+
+
+def constant_shards(named: Mapping[str, Any], cls: Any = None) -> list[str] | None:
+    """The names among ``named`` of the sharded DTensors whose local shard holds a single value (an empty shard
+    counts as constant), or None when none of them is a sharded DTensor."""
+    cls = cls if cls is not None else dtensor_type()
+    if cls is None:
+        return None
+    found: list[str] | None = None
+    for name, t in named.items():
+        if not isinstance(t, cls):
+            continue
+        try:
+            if not _sharded(t):
+                continue
+            local = local_tensor(t).detach().reshape(-1)
+            same = local.numel() <= 1 or bool((local == local[0]).all())
+        except Exception:  # noqa: BLE001 - never break the recording: not judged
+            continue
+        found = found if found is not None else []
+        if same:
+            found.append(name)
+    return found

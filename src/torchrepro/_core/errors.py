@@ -151,3 +151,9 @@ class NondeterministicOpError(ReproError):
     def __init__(self, message: str, *, op: str, rule: str, line: str, module: str = "") -> None:
         self.op, self.rule, self.line, self.module = op, rule, line, module
         super().__init__(message)
+
+
+class BatchInvarianceError(ReproError, ValueError):
+    """An input that ``check_batch_invariance`` (or ``torchrepro invariance``) cannot check: a batch of one row,
+    outputs without a batch dimension, a model that raises at one of the batch sizes, an unusable model directory
+    or prompts file. The message names what was received and what to do."""

@@ -21,6 +21,9 @@ Example:
 
 from __future__ import annotations
 
+import re
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SHARED_CWD = "shared-working-directory"
@@ -30,7 +33,9 @@ SETTINGS = ("check", "compare")
 @dataclass(frozen=True)
 class Wording:
     """What a cause means, and what to do. Placeholders: ``{files}`` (shared working directory), and in compare's
-    actions ``{a}``, ``{b}`` (the two commands, quoted) and ``{tolerance}``."""
+    actions ``{compare}`` (``torchrepro compare`` with the options of the comparison), ``{a}``, ``{b}`` (the two
+    commands, quoted) and ``{tolerance}``. A check action names a command as ```torchrepro check OPTS -- ...```:
+    :func:`with_commands` makes it the command that reproduces the check (its options and the user's command)."""
 
     explanation: str
     action: str
@@ -85,6 +90,57 @@ def cause(name: str) -> Cause:
         raise KeyError(f"unknown cause {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
 
 
+# `torchrepro check OPTS -- ...` in a wording: a command that :func:`with_commands` completes
+_CHECK_COMMAND = re.compile(r"`torchrepro check(?P<opts>(?: [^`]*?)?) -- \.\.\.`")
+# check's options that take a value (the rest are flags); --deterministic and --deterministic-except replace each other
+VALUE_OPTIONS = frozenset({"--runs", "--seed", "--deterministic-except", "--max-steps", "--values-budget",
+                           "--nproc-per-node", "--resume-at", "--locate-steps", "--steps-after-divergence", "--out"})
+_SAME_OPTION = {"--deterministic-except": "--deterministic"}
+
+
+def _option_groups(words: Sequence[str]) -> list[list[str]]:
+    """``["--seed", "0", "--locate"]`` -> ``[["--seed", "0"], ["--locate"]]``."""
+    groups: list[list[str]] = []
+    for word in words:
+        if groups and groups[-1][0] in VALUE_OPTIONS and len(groups[-1]) == 1 and "=" not in groups[-1][0]:
+            groups[-1].append(word)
+        else:
+            groups.append([word])
+    return groups
+
+
+def _option_name(group: list[str]) -> str:
+    name = group[0].split("=", 1)[0]
+    return _SAME_OPTION.get(name, name)
+
+
+def check_command(options: Sequence[str], command: Sequence[str], add: Sequence[str] = ()) -> str:
+    """``torchrepro check OPTIONS ADD -- COMMAND``: the user's check with the options ``add`` (each replacing the
+    user's option of the same name), quoted for a POSIX shell.
+
+    >>> check_command(["--seed", "1", "--runs", "3"], ["python", "train.py", "--lr", "0.1"], ["--seed", "0"])
+    'torchrepro check --runs 3 --seed 0 -- python train.py --lr 0.1'
+    """
+    added = _option_groups(add)
+    names = {_option_name(g) for g in added}
+    kept = [g for g in _option_groups(options) if _option_name(g) not in names]
+    return shlex.join(["torchrepro", "check", *(w for g in kept + added for w in g), "--", *command])
+
+
+def with_commands(text: str, options: Sequence[str] | None, command: Sequence[str] | None) -> str:
+    """``text`` with each ```torchrepro check OPTS -- ...``` made the command that reproduces this check with OPTS
+    (:func:`check_command`); unchanged without a command (runs recorded apart, the Python API).
+
+    >>> with_commands("Rerun with `torchrepro check --deterministic -- ...` to confirm.", ["--seed", "0"],
+    ...               ["python", "train.py"])
+    'Rerun with `torchrepro check --seed 0 --deterministic -- python train.py` to confirm.'
+    """
+    if not command:
+        return text
+    return _CHECK_COMMAND.sub(
+        lambda m: f"`{check_command(options or [], command, shlex.split(m.group('opts')))}`", text)
+
+
 def untraced_note(name: str | None) -> str | None:
     """Why ``--locate`` does not trace a verdict with this cause (None: it does)."""
     reason = cause(name).untraced if name else None
@@ -135,7 +191,7 @@ register(Cause(
         "The same parameters and data gave different results: the two commands compute differently: another op "
         "or order of operations, precision (dtype, autocast, TF32), kernels (threads, deterministic mode, "
         "device) or torch.compile's generated code.",
-        "`torchrepro compare --locate {a} {b}` names the first op that computes differently, with its module and "
+        "`{compare} --locate {a} {b}` names the first op that computes differently, with its module and "
         "source line on both sides{tolerance}."),
     resume=ResumeWording(
         "nothing recorded (the step's computation differs)",
@@ -172,7 +228,7 @@ register(Cause(
         "Delete those files before each command, or point the script's output elsewhere, then compare again."),
     resume=ResumeWording(
         "shared working directory",
-        "Rerun with `torchrepro check --resume-at K --fresh-cwd -- ...` (each run in its own copy of the "
+        "Rerun with `torchrepro check --resume-at {k} --fresh-cwd -- ...` (each run in its own copy of the "
         "working directory), or point the script's output elsewhere."),
     untraced="the runs did not start from the same state (a later run read what an earlier one wrote)",
 ))

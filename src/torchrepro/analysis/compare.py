@@ -16,7 +16,7 @@ from typing import Any
 from .._core.fingerprint import UNREADABLE
 from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUE_STEPS, MODEL_INPUTS, Run
 from ..record.workdir import left_out_text, shared_text
-from .causes import SHARED_CWD, cause
+from .causes import SHARED_CWD, cause, with_commands
 from .comparable import check_comparable
 from .comparable import command_key as command_key  # re-exported: where the runs' commands are compared
 from .tensordelta import _deltas, _differing_elements, _nonfinite, _worst, tensor_delta
@@ -91,6 +91,9 @@ class CheckResult:
     compiled: dict[str, Any] | None = None  # torch.compile'd regions and whether the divergence lies in them
     working_directory: dict[str, Any] | None = None  # check's watch on its cwd (see note_shared_workdir)
     next_action: str | None = None  # replaces the cause's next action (diff of runs from two environments)
+    # (check's options, the user's command): the commands in the next action and the shared-cwd warning are the
+    # check that reproduces this one (see causes.with_commands); None: left as `torchrepro check ... -- ...`
+    rerun: tuple[list[str], list[str]] | None = None
     # per run: None, or how check stopped it after the divergence ({"after_step", "first_divergent_step", ...})
     stopped: list[dict[str, Any] | None] = field(default_factory=list)
     # where the first differing data came from when no DataLoader batch was seen: {"source": "model-inputs",
@@ -106,10 +109,21 @@ class CheckResult:
     @property
     def action(self) -> str | None:
         if self.next_action:
-            return self.next_action
-        if self.cause == "data" and self.data_source:
-            return MODEL_INPUTS_ACTION
-        return cause(self.cause).wording("check").action if self.cause else None
+            text: str | None = self.next_action
+        elif self.cause == "data" and self.data_source:
+            text = MODEL_INPUTS_ACTION
+        else:
+            text = cause(self.cause).wording("check").action if self.cause else None
+        return with_commands(text, *self.rerun) if text and self.rerun else text
+
+    def set_rerun(self, options: list[str], command: list[str]) -> None:
+        """Name the check that gave this result (:attr:`rerun`): its next action and the warning of a shared working
+        directory then name that check's own command line with what to add."""
+        self.rerun = (list(options), list(command))
+        warning = (self.working_directory or {}).get("warning")
+        if warning:
+            self.working_directory = dict(self.working_directory or {}) | {
+                "warning": with_commands(warning, options, command)}
 
     def to_json(self) -> dict[str, Any]:
         return {

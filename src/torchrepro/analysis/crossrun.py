@@ -106,6 +106,7 @@ class CompareResult:
     final_step: int = 0  # the step number given to final-parameter entries
     compiled: list[list[dict[str, Any]]] = field(default_factory=lambda: [[], []])  # each side's compiled regions
     without_values: list[str] = field(default_factory=list)  # "A"/"B": recorded with no value snapshot at all
+    options: list[str] = field(default_factory=list)  # compare's options (--seed 0 --rtol 1e-4): kept in Next
 
     @property
     def first_out(self) -> Entry | None:
@@ -159,7 +160,8 @@ class CompareResult:
         tolerance = ("; `--rtol/--atol` say whether the difference is within what you accept"
                      if self.tolerance.bitwise else "")
         a, b = (shlex.quote(c) for c in self.commands)
-        return registered(cause).wording("compare").action.format(a=a, b=b, tolerance=tolerance)
+        return registered(cause).wording("compare").action.format(
+            a=a, b=b, tolerance=tolerance, compare=shlex.join(["torchrepro", "compare", *self.options]))
 
     @property
     def warning(self) -> str | None:
@@ -290,13 +292,15 @@ def _entries(a: Run, b: Run, tol: Tolerance) -> tuple[list[Entry], int]:
 
 
 def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
-                     commands: list[str] | None = None, workdir: dict[str, Any] | None = None) -> CompareResult:
+                     commands: list[str] | None = None, workdir: dict[str, Any] | None = None,
+                     options: list[str] | None = None) -> CompareResult:
     """Compare the runs of two commands: bitwise step by step, then every differing value within ``tol``.
 
     Verdict ``identical`` (bitwise), ``equivalent`` (every value compared within tolerance; steps without
     snapshots are listed in ``bitwise_only``) or ``diverged`` (a value out of tolerance, other data, another
     number of steps; with ``tol.bitwise``, any difference). ``workdir``: the watch on the working directory both
     commands ran in (``WorkdirWatch.to_json``); when B read what A wrote there, a divergence is blamed on that.
+    ``options``: compare's own options, kept in the commands its next action names.
     """
     tol = tol or Tolerance()
     a, b = plain_names(run_a), plain_names(run_b)
@@ -304,7 +308,8 @@ def compare_commands(run_a: Run, run_b: Run, tol: Tolerance | None = None, *,
     if workdir is not None:
         note_shared_workdir(check, workdir)
     result = CompareResult(check, tol, commands or [_command(run_a), _command(run_b)],
-                           compiled=[list(r.manifest.get("compiled") or []) for r in (run_a, run_b)])
+                           compiled=[list(r.manifest.get("compiled") or []) for r in (run_a, run_b)],
+                           options=list(options or []))
     if check.verdict == "identical":
         return result
     result.entries, result.final_step = _entries(a, b, tol)

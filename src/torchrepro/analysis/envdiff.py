@@ -5,9 +5,12 @@ options: seed, deterministic mode, hash seed) gets one of three ranks from :data
 ``(pattern, rank, reason)`` rows matched in order against the dotted key of the difference
 (``torch``, ``cpu.features.avx512f``, ``env.OMP_NUM_THREADS``, ``packages.numpy``):
 
-* ``breaks-bitwise``: the two runs will not be bitwise equal (other kernels, reduction orders or random numbers);
+* ``breaks-bitwise``: can break bitwise equality (other kernels, reduction orders or random numbers); whether it
+  did is for the runs to show: a script whose ops do not depend on it stays bitwise identical;
 * ``may-change-numerics``: can change results, depending on what the script uses;
-* ``benign``: does not change what is computed.
+* ``benign``: does not change what is computed -- also a setting that matters on CUDA only, when neither side can
+  use CUDA (``cuda.available`` false in both: a CPU-only torch, or no GPU): ``CUBLAS_WORKSPACE_CONFIG`` on two
+  CPU-only builds changes nothing (:data:`CUDA_ONLY`).
 
 >>> diff = diff_environments(env_a, env_b)                      # doctest: +SKIP
 >>> [(c.key, c.rank) for c in diff.changes]                     # doctest: +SKIP
@@ -35,7 +38,7 @@ from .locate import locate_ops
 DIFF_SCHEMA = "torchrepro.env-diff/1"
 BREAKS, MAY, BENIGN = "breaks-bitwise", "may-change-numerics", "benign"
 RANKS = (BREAKS, MAY, BENIGN)
-RANK_TITLES = {BREAKS: "breaks bitwise equality", MAY: "may change numerics", BENIGN: "benign"}
+RANK_TITLES = {BREAKS: "can break bitwise equality", MAY: "may change numerics", BENIGN: "benign"}
 ABSENT = "absent"  # the value shown for a key that one side does not have
 
 
@@ -93,6 +96,7 @@ RANK_TABLE: tuple[RankRule, ...] = (
              "another order"),
     RankRule("threads.inter_op", MAY, "inter-op threads run independent ops concurrently; only order-sensitive "
              "ops notice"),
+    RankRule("determinism.cublas_workspace_config", BREAKS, "decides whether cuBLAS uses deterministic workspaces"),
     RankRule("determinism.*", BREAKS, "deterministic mode and cuDNN's algorithm choice select other kernels"),
     RankRule("precision.*", BREAKS, "TF32/reduced precision changes the bits of every matmul/convolution"),
     RankRule("backends.*", BREAKS, "other kernels (cuDNN/oneDNN on or off, another attention backend)"),
@@ -151,6 +155,26 @@ RANK_TABLE: tuple[RankRule, ...] = (
     RankRule("git.changes_sha256", MAY, "other uncommitted changes to the code"),
     RankRule("*", BENIGN, "does not change what is computed"),
 )
+
+
+# Settings read by the CUDA stack only (cuBLAS, cuDNN, NCCL, Transformer Engine, the GPUs' TF32 switches, the GPU
+# packages): when neither environment can use CUDA, a difference in them changes nothing that is computed.
+CUDA_ONLY = ("env.CUBLAS_WORKSPACE_CONFIG", "determinism.cublas_workspace_config", "determinism.cudnn_*",
+             "env.NVIDIA_TF32_OVERRIDE", "env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "env.NCCL_*", "env.NVTE_*",
+             "env.CUDA_VISIBLE_DEVICES", "precision.cuda_*", "precision.cudnn_*", "precision.fp16_reduced_*",
+             "precision.bf16_reduced_*", "backends.cudnn_*", "cuda.*", "packages.nvidia-*", "packages.triton")
+
+
+def _cuda_unusable(flat: dict[str, Any]) -> bool:
+    """The environment cannot run CUDA: ``cuda.available`` recorded false (a CPU-only torch, or no GPU)."""
+    return flat.get("cuda.available") is False
+
+
+def _no_cuda_reason(reason: str, fa: dict[str, Any], fb: dict[str, Any]) -> str:
+    builds = {str(f.get("torch_build.cuda")) for f in (fa, fb)}
+    why = ("both torch builds are CPU-only (torch_build.cuda: not available)" if builds == {"not available"} else
+           "neither environment can use CUDA (cuda.available false in both)")
+    return f"no effect here: {why}; on CUDA: {reason}"
 
 
 def _order(change: EnvChange) -> tuple[int, int]:
@@ -240,7 +264,7 @@ class EnvDiff:
 
     @property
     def exit_code(self) -> int:
-        """1 when anything breaks bitwise equality, else 0."""
+        """1 when anything can break bitwise equality, else 0."""
         return 1 if self.breaks_bitwise else 0
 
     def summary(self, rank: str = BREAKS, limit: int = 6) -> str:
@@ -308,11 +332,15 @@ def diff_environments(a: EnvironmentLike, b: EnvironmentLike, *, label_a: str = 
     fa = {k: v for k, v in flatten(a).items() if k.split(".")[0] not in _NOT_COMPARED}
     fb = {k: v for k, v in flatten(b).items() if k.split(".")[0] not in _NOT_COMPARED}
     changes = []
+    no_cuda = _cuda_unusable(fa) and _cuda_unusable(fb)
     for key in sorted(set(fa) | set(fb)):
         unset = None if key.startswith("env.") else _MISSING  # a variable not recorded was not set
         va, vb = fa.get(key, unset), fb.get(key, unset)
         if (va != vb or type(va) is not type(vb)) and not _implied(key, fa, fb):
             rule = rank_of(key)
+            if no_cuda and rule.rank != BENIGN and any(fnmatch.fnmatchcase(key, p) for p in CUDA_ONLY):
+                changes.append(EnvChange(key, va, vb, BENIGN, _no_cuda_reason(rule.reason, fa, fb)))
+                continue
             changes.append(EnvChange(key, va, vb, rule.rank, rule.reason))
     changes.sort(key=_order)
     return EnvDiff(label_a, label_b, changes)
@@ -380,7 +408,7 @@ def diff_runs(runs: list[Run]) -> EnvDiff:
 
 
 def verdict_note(verdict: str, diff: EnvDiff, *, locate_hint: bool = True) -> str | None:
-    """What the environment differences mean for a comparison's verdict (None when nothing breaks bitwise).
+    """What the environment differences mean for a comparison's verdict (None when nothing can break bitwise equality).
 
     ``locate_hint``: end a divergence's note with how to find the op that computes differently.
     """
@@ -390,8 +418,8 @@ def verdict_note(verdict: str, diff: EnvDiff, *, locate_hint: bool = True) -> st
     if verdict == "identical":
         return (f"The runs are bitwise identical although they differ in settings that can break bitwise equality "
                 f"({what}): this script's results do not depend on them (e.g. it seeds itself).")
-    note = (f"The runs also differ in settings that break bitwise equality ({what}): the divergence may come from "
-            "them rather than from nondeterminism.")
+    note = (f"The runs also differ in settings that can break bitwise equality ({what}): the divergence may come "
+            "from them rather than from nondeterminism.")
     return note + (" Record both with `torchrepro run --record DIR --trace-steps K` (K = the first divergent step) "
                    "and run `torchrepro diff --locate` to name the first operation that computes differently."
                    if locate_hint else "")

@@ -29,6 +29,7 @@ from .._core.errors import RunsNotComparableError
 from .._core.fingerprint import UNREADABLE
 from ..record.store import Run
 from .compare import CheckResult, compare_runs
+from .shardcheck import placement_problems
 
 SCHEMA = "torchrepro.check/1"
 _FINGERPRINT = re.compile(r"[0-9a-f]{32}")
@@ -292,6 +293,9 @@ class RanksCheck:
     counts: list[dict[str, int]] = field(default_factory=list)  # per rank: tensors compared (tensor_counts)
     # per rank: {name: layout} of the DTensors among the tensors that differ first (empty: none, or identical)
     first_layouts: list[dict[str, dict[str, Any]]] = field(default_factory=list)
+    # per run: broken shards and questionable random draws (analysis.shardcheck), and how many draws were compared;
+    # reported beside the verdict, which they do not change
+    placement: list[tuple[list[Any], int]] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -358,6 +362,8 @@ class RanksCheck:
             "ranks": [{"rank": r} | res.to_json() | extra(r) for r, res in enumerate(self.per_rank)],
             "desync": [d.to_json() if d is not None else None for d in self.desync],
             "desync_cause": {"explanation": DESYNC_CAUSE[0], "action": DESYNC_CAUSE[1]} if first else None,
+            "placement": [{"run": i, "problems": [p.to_json() for p in problems], "draws_compared": n}
+                          for i, (problems, n) in enumerate(self.placement, start=1)],
         }
 
 
@@ -428,7 +434,9 @@ def compare_rank_runs(runs: list[list[Run]]) -> RanksCheck:
         raise RunsNotComparableError(problems, "The runs sharded their tensors differently (other placements, device "
                                      "mesh or number of ranks), so each rank holds other parts of them and no "
                                      "step can be compared bitwise. Compare runs with the same mesh and "
-                                     "parallelisation.")
+                                     "parallelisation, or compare the full tensors: `torchrepro compare "
+                                     "--full-tensors 'torchrun ... A' 'torchrun ... B'` (runs recorded with "
+                                     "`torchrepro run --full-tensors` compare by directory too).")
     nproc = len(runs[0])
     per_rank = [compare_runs([run[r] for run in runs]) for r in range(nproc)]
     first_layouts = [_first_layouts(runs[0][r], res) for r, res in enumerate(per_rank)]
@@ -437,4 +445,6 @@ def compare_rank_runs(runs: list[list[Run]]) -> RanksCheck:
         if note:
             res.notes.append(note)
     return RanksCheck(nproc, per_rank, [rank_desync(run, i) for i, run in enumerate(runs, start=1)],
-                      counts=[tensor_counts(runs[0][r]) for r in range(nproc)], first_layouts=first_layouts)
+                      counts=[tensor_counts(runs[0][r]) for r in range(nproc)], first_layouts=first_layouts,
+                      placement=[placement_problems(run, [layouts_at(r) for r in run], i)
+                                 for i, run in enumerate(runs, start=1)])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..record.store import Run
-from .causes import SHARED_CWD, cause
+from .causes import SHARED_CWD, cause, with_commands
 from .compare import CheckResult, explain
 
 if TYPE_CHECKING:
@@ -142,6 +142,9 @@ class ResumeResult:
     detail: str | None = None
     restored: list[Restored] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # (check's options without --resume-at, the user's command): the commands in the fix are this check's own
+    # (see causes.with_commands); None: left as `torchrepro check ... -- ...`
+    rerun: tuple[list[str], list[str]] | None = None
 
     @property
     def verdict(self) -> str:
@@ -173,7 +176,8 @@ class ResumeResult:
         callback = _CALLBACK.get(self.trainer)
         wording = cause(self.cause).resume
         assert wording is not None, f"cause {self.cause!r} has no resume wording"
-        return wording.fix.format(k=self.k, callback=f"; with this trainer: {callback}" if callback else "")
+        fix = wording.fix.format(k=self.k, callback=f"; with this trainer: {callback}" if callback else "")
+        return with_commands(fix, *self.rerun) if self.rerun else fix
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -22,7 +22,7 @@ from .._version import __version__
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: lint and rule run without importing torch (fast enough for pre-commit hooks).
 COMMANDS = ["run_cmd", "check_cmd", "diff_cmd", "env_cmd", "audit_cmd", "lint_cmd", "rule_cmd", "bench_cmd",
-            "variance_cmd", "scan_cmd", "compare_cmd", "bisect_cmd"]
+            "variance_cmd", "scan_cmd", "compare_cmd", "bisect_cmd", "invariance_cmd"]
 # Options that give a command's JSON another schema, errors included: (command, option) -> schema
 OPTION_SCHEMAS = {("check", "--resume-at"): "torchrepro.check-resume/1"}
 

@@ -148,6 +148,9 @@ def render_compiled_locate(doc: dict[str, Any]) -> str:
         varies = "; the compiled kernel also varies from run to run" if doc.get("compiled_varies") else ""
         lines.append(f"  {other} computes this op eagerly: the same graph run eagerly, ATen op by ATen op, in {side}'s "
                      f"process, on the same inputs, gives other bits{varies}")
+    elif doc["verdict"] == "compiled-rng":
+        lines.append(f"  {side}'s compiled code draws its random numbers through this op (inductor's own stream); "
+                     f"{other}, eager, draws them through torch's random ops: other masks, whatever the arithmetic")
     lines.append(f"  Fix: {doc['fix']}")
     if doc.get("op_table"):
         lines.append(f"  Nodes around it: {doc['op_table']}")

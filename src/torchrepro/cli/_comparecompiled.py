@@ -72,5 +72,5 @@ def locate_compiled_sides(sides: list[Side], runs: list[Run], compiled: list[boo
                                   "traced_in": "the graphs inductor compiled in both commands (instrumented compiles: "
                                                "every node an output), compared bitwise"}
     side = sides[compiled.index(True)]
-    doc = compiled_vs_eager(_captured(side, out, capture), step=step)
+    doc = compiled_vs_eager(_captured(side, out, capture), step=step, side=side.label)
     return doc | {"side": side.label, "eager_side": sides[compiled.index(False)].label}

@@ -95,9 +95,21 @@ def determinism_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def kept_values(args: argparse.Namespace, *, keep: bool = True) -> ValueSettings:
     """What a compared run keeps of parameter values: snapshots on the sampled schedule, within ``--values-budget``
-    (the recorder's default when not given)."""
+    (the recorder's default when not given); with ``--full-tensors``, the full-tensor view of DTensors too."""
     budget = getattr(args, "values_budget", None)
-    return ValueSettings(keep=keep, schedule="sampled", **({} if budget is None else {"budget": budget}))
+    return ValueSettings(keep=keep, schedule="sampled", full_tensors=bool(getattr(args, "full_tensors", False)),
+                         **({} if budget is None else {"budget": budget}))
+
+
+FULL_TENSORS_HELP = ("under torchrun: also record the full tensor of every DTensor parameter and gradient (FSDP2, "
+                     "tensor parallel), assembled on every rank (a collective: about one extra all-gather of the "
+                     "model per kept step) and written by rank 0, so that runs with other world sizes or meshes can "
+                     "be compared (`torchrepro compare 'torchrun --nproc-per-node 2 t.py' "
+                     "'torchrun --nproc-per-node 4 t.py' --full-tensors`)")
+
+
+def add_full_tensors_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--full-tensors", action="store_true", help=FULL_TENSORS_HELP)
 
 
 def add_launch_options(p: argparse.ArgumentParser) -> None:
@@ -112,6 +124,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=positive_int, metavar="P",
                    help="run the script on P ranks through torch.distributed.run (torchrun) and record each rank "
                         "into its own directory (rank0 ...); `-- torchrun --nproc-per-node P train.py` does the same")
+    add_full_tensors_option(p)
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",
                    help="the training command; everything from the script on belongs to the script")
 
@@ -157,6 +170,40 @@ def launch_words(args: argparse.Namespace) -> list[str]:
         words += ["--max-steps", str(args.max_steps)]
     if getattr(args, "values_budget", None) is not None:
         words += ["--values-budget", str(args.values_budget)]
+    if getattr(args, "full_tensors", False):
+        words.append("--full-tensors")
     if getattr(args, "fresh_cwd", False):
         words.append("--fresh-cwd")
+    return words
+
+
+def check_words(args: argparse.Namespace) -> list[str]:
+    """``check``'s options that shape its runs, as command-line words: a Next pasted with them (and the user's
+    command) reproduces the same check (``--out``, ``--json`` and how long runs go on after a divergence left out).
+
+    >>> check_words(argparse.Namespace(runs=4, seed=0, deterministic=False, deterministic_except=None, max_steps=None,
+    ...                                values_budget=None, fresh_cwd=False, nproc_per_node=2, parallel=True))
+    ['--runs', '4', '--seed', '0', '--nproc-per-node', '2', '--parallel']
+    """
+    words = ["--runs", str(args.runs)] if getattr(args, "runs", 2) != 2 else []
+    words += launch_words(args)
+    if getattr(args, "nproc_per_node", None):
+        words += ["--nproc-per-node", str(args.nproc_per_node)]
+    if getattr(args, "parallel", False):
+        words.append("--parallel")
+    return words
+
+
+def compare_words(args: argparse.Namespace) -> list[str]:
+    """``compare``'s options that shape its runs and verdict (seed, determinism, steps, values, tolerance), as
+    command-line words, for a Next that compares the same way.
+
+    >>> compare_words(argparse.Namespace(seed=0, deterministic=False, deterministic_except=None, max_steps=None,
+    ...                                  values_budget=None, rtol=0.0001, atol="dtype"))
+    ['--seed', '0', '--rtol', '0.0001', '--atol', 'dtype']
+    """
+    words = launch_words(args)
+    for name in ("rtol", "atol"):
+        if getattr(args, name, None) is not None:
+            words += [f"--{name}", str(getattr(args, name))]
     return words

@@ -23,7 +23,7 @@ from ._checkrun import (
     isolation_for,
     output_dir,
 )
-from ._options import determinism_options, kept_values
+from ._options import check_words, determinism_options, kept_values
 from ._render import render
 
 
@@ -51,6 +51,7 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
         check = compare_rank_runs(runs)
         for result in check.per_rank:  # every rank read what it read in the shared working directory
             note_shared_workdir(result, dict(isolation.to_json() or {}))
+            result.set_rerun(check_words(args), args.user_command)  # Next's commands: this check's own
         env = environment_differences([r[0] for r in runs], quiet_if_same=True)
         return finish_ranks(check, out, what=what, as_json=args.json, environment=env)
 
@@ -95,6 +96,13 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
         assert first_desync is not None
         lines.append(f"torchrepro: DESYNCHRONISED - {where}: every rank repeats itself across runs, but the ranks' "
                      f"replicas part at step {first_desync.step}.")
+    problems = [p for found, _ in check.placement for p in found]
+    if problems:
+        kinds = list(dict.fromkeys(p.label for p in problems))
+        in_runs = sorted({p.run for p in problems})
+        lines.append(f"Warning: {' and '.join(kinds)} in run{'s' if len(in_runs) > 1 else ''} "
+                     f"{', '.join(map(str, in_runs))} (below): the ranks compute something else than their placements "
+                     "say, whether or not the runs repeat each other.")
     warning = (check.lead[1].working_directory or {}).get("warning")
     if warning:
         lines.append(f"Warning: {warning}")
@@ -111,6 +119,7 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
                  "state):")
     for i, d in enumerate(check.desync, start=1):
         lines.append(f"  {d.describe()}" if d is not None else f"  run {i}: in sync at every step")
+    lines += _placement_lines(check)
     if first_desync is not None:
         lines.append("")
         lines.append(f"Cause: desynchronised - {DESYNC_CAUSE[0]}")
@@ -123,3 +132,23 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
     if plot:
         lines.append(f"Plot:  {plot} (rank {check.lead[0]})")
     return "\n".join(lines)
+
+
+def _placement_lines(check: RanksCheck) -> list[str]:
+    """The shards and random draws of each run against their placements (analysis.shardcheck), and the cause and
+    what to do for each kind found."""
+    from ..analysis.shardcheck import CAUSES, KINDS
+
+    if not check.placement:
+        return []
+    lines = ["Between the shards of each run (sharded parameters; random draws of the first steps):"]
+    for i, (problems, compared) in enumerate(check.placement, start=1):
+        lines += [f"  {p.describe()}" for p in problems]
+        if not problems:
+            lines.append(f"  run {i}: no broken shard; {compared} random draws compared, none correlated across "
+                         "shards or parted between replicas")
+    for kind in dict.fromkeys(p.kind for found, _ in check.placement for p in found):
+        lines.append("")
+        lines.append(f"Cause: {KINDS[kind]} - {CAUSES[kind][0]}")
+        lines.append(f"Next:  {CAUSES[kind][1]}")
+    return lines

@@ -237,9 +237,10 @@ def render_op_table(rows: list[dict[str, Any]]) -> str:
 ENV_TEXT_LIMIT = {"breaks-bitwise": 40, "may-change-numerics": 20, "benign": 8}
 
 
-def render_env_diff(diff: Any, *, title: str | None = None) -> str:
-    """An :class:`~torchrepro.analysis.envdiff.EnvDiff` as text grouped by rank, each change with its reason."""
-    from ..analysis.envdiff import RANK_TITLES, RANKS
+def render_env_diff(diff: Any, *, title: str | None = None, verdict: str | None = None) -> str:
+    """An :class:`~torchrepro.analysis.envdiff.EnvDiff` as text grouped by rank, each change with its reason;
+    ``verdict``: what the compared runs showed (``identical``: these settings did not break them)."""
+    from ..analysis.envdiff import BREAKS, RANK_TITLES, RANKS
 
     counts = ", ".join(f"{RANK_TITLES[r]} {len(diff.of_rank(r))}" for r in RANKS if diff.of_rank(r))
     head = title or f"Environment differences ({printable(diff.a)} → {printable(diff.b)})"
@@ -250,7 +251,10 @@ def render_env_diff(diff: Any, *, title: str | None = None) -> str:
         changes = diff.of_rank(rank)
         if not changes:
             continue
-        lines.append(f"  {RANK_TITLES[rank].capitalize()}:")
+        shown = RANK_TITLES[rank].capitalize()
+        if rank == BREAKS and verdict == "identical":
+            shown += " (not in these runs: they are bitwise identical)"
+        lines.append(f"  {shown}:")
         width = min(34, max(len(printable(c.key)) for c in changes))
         limit = ENV_TEXT_LIMIT[rank]
         for c in changes[:limit]:

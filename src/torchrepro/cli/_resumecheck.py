@@ -34,7 +34,7 @@ from ..record.runfailure import tail_lines
 from ..record.runs import Isolation, PlannedRun, RunLoop
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks, load_run
 from ._checkrun import EnvironmentDifferences, environment_differences, isolation_for, output_dir
-from ._options import determinism_options, kept_values
+from ._options import check_words, determinism_options, kept_values
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import RanksResume, ResumeResult
@@ -242,12 +242,14 @@ def run_resume_check(args: argparse.Namespace, command: list[str], nproc: int | 
     with lock_dir(out):
         isolation = isolation_for(args.fresh_cwd, out)
         runs = execute_resume_runs(command, out, k, base, isolation)
+        rerun = (check_words(args), list(args.user_command))  # the fix's commands: this check's own
         if nproc:
             return _check_ranks(runs, out, k, nproc, isolation, what=f"`{' '.join(args.user_command)}`",
-                                as_json=args.json)
+                                as_json=args.json, rerun=rerun)
         straight, stopped, resumed = (load_run(d) for d in (runs.straight, runs.stopped, runs.resumed))
         result = _diagnose(straight, stopped, resumed, k, runs.facts, isolation,
                            {"uninterrupted": runs.straight, "stopped": runs.stopped, "resumed": runs.resumed})
+        result.rerun = rerun
         return finish_resume(result, out, what=f"`{' '.join(command)}`", as_json=args.json,
                              environment=environment_differences([straight, stopped, resumed], quiet_if_same=True))
 
@@ -268,7 +270,7 @@ _PER_RANK_STATE = ("rng-state", "data-position", "data-values", "data")  # state
 
 
 def _check_ranks(runs: ResumeRuns, out: Path, k: int, nproc: int, isolation: Isolation, *, what: str,
-                 as_json: bool) -> int:
+                 as_json: bool, rerun: tuple[list[str], list[str]] | None = None) -> int:
     """Each rank's resume diagnosed apart (its run 1, its two processes of run 2); the verdict: the first rank that
     did not resume exactly."""
     from ..analysis.resumeat import RanksResume
@@ -282,6 +284,8 @@ def _check_ranks(runs: ResumeRuns, out: Path, k: int, nproc: int, isolation: Iso
     per_rank = [_diagnose(loaded[0][r], loaded[1][r], loaded[2][r], k, runs.facts, isolation,
                           {"uninterrupted": runs.straight / f"rank{r}", "stopped": runs.stopped / f"rank{r}",
                            "resumed": runs.resumed / f"rank{r}"}) for r in range(nproc)]
+    for result in per_rank:
+        result.rerun = rerun
     check = RanksResume(nproc, per_rank)
     rank, lead = check.lead
     if rank != 0 and lead.cause in _PER_RANK_STATE and lead.checkpoint and Path(lead.checkpoint).is_file():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +26,9 @@ from ._checkrun import (
 from ._options import (
     add_json_option,
     add_launch_options,
+    check_words,
     determinism_options,
     kept_values,
-    launch_words,
     positive_int,
     runs_arg,
 )
@@ -203,13 +202,15 @@ def run(args: argparse.Namespace) -> int:
         dirs = execute_runs(command, out, args.runs, opts, isolation, parallel=args.parallel,
                             stop_after=None if args.full_runs else args.steps_after_divergence,
                             prestart=not args.no_prestart)
+        from ..analysis.causes import check_command
         from ..analysis.compare import compare_runs, note_shared_workdir
 
         runs = [load_run(d) for d in dirs]
         result = compare_runs(runs)
         note_shared_workdir(result, isolation.to_json() or {})
+        result.set_rerun(check_words(args), args.user_command)  # Next's commands: this check, and what to add
         if result.cause == "compute" and opts.deterministic:  # not "rerun with --deterministic": it was on
-            rerun = shlex.join(["torchrepro", "check", *launch_words(args), "--locate", "--", *command])
+            rerun = check_command(check_words(args), args.user_command, ["--locate"])
             result.next_action = DETERMINISTIC_NEXT.format(rerun=rerun)
         errors: WriteErrors = []
         located: dict[str, Any] | None = None
@@ -220,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
             except Interrupted:
                 raise
             except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
-                located = locate_failed(exc, f"torchrepro check --locate -- {' '.join(command)}")
+                steps = ["--locate-steps", str(args.locate_steps)] if args.locate_steps != 1 else []
+                located = locate_failed(exc, check_command(check_words(args), args.user_command,
+                                                           ["--locate", *steps]))
         from ._render import NOT_TRACED
 
         if located is not None and located.get("verdict") not in NOT_TRACED:

@@ -4,7 +4,8 @@ much); ``--locate`` names the first op that computes differently, on both sides.
 
 Each command line is split as a shell would (``shlex``), like hyperfine's; leading ``NAME=value`` words set
 environment variables for that command only (``'OMP_NUM_THREADS=1 python train.py'``). A recorded run directory
-(``torchrepro run --record DIR --keep-values``) may stand in for a command.
+(``torchrepro run --record DIR --keep-values``) may stand in for a command. A torchrun command runs on its ranks;
+runs of other world sizes are compared by their full tensors (``--full-tensors``: :mod:`..analysis.fullcompare`).
 
 Example::
 
@@ -24,7 +25,14 @@ from ..record.launcher import CommandError, LaunchOptions
 from ..record.outdir import lock_dir
 from ..record.store import COMPARE_GRAD_STEPS, GRAD_VALUES_ENV, load_run
 from ._checkrun import WriteErrors, environment_differences, isolation_for, output_dir
-from ._options import add_run_options, determinism_options, kept_values, positive_int
+from ._options import (
+    add_full_tensors_option,
+    add_run_options,
+    compare_words,
+    determinism_options,
+    kept_values,
+    positive_int,
+)
 from ._output import locate_failed
 from ._sides import Side, parse_side, record_side
 from ._usage import set_usage
@@ -70,6 +78,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("command_b", metavar="CMD_B", help="the second command line, quoted")
     add_tolerance_options(p)
     add_run_options(p)
+    add_full_tensors_option(p)  # torchrun commands: runs of other world sizes compared by their full tensors
     p.add_argument("--locate", action="store_true",
                    help="re-run both commands tracing every op of the first divergent step; align the two op "
                         "streams and name the first op (or program difference) where they part, on both sides")
@@ -99,11 +108,15 @@ def tolerance(args: argparse.Namespace) -> Tolerance:
 
 
 def run(args: argparse.Namespace) -> int:
-    sides = [parse_side("A", args.command_a), parse_side("B", args.command_b)]
+    sides = [parse_side("A", args.command_a, torchrun=True), parse_side("B", args.command_b, torchrun=True)]
+    if args.locate and any(side.nproc for side in sides):
+        raise CommandError("--locate does not trace torchrun commands yet: compare them without it, then record one "
+                           "rank of each with `torchrepro run --record DIR --trace-steps K -- torchrun ...` and run "
+                           "`torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
     refuse_overlap(sides, args.out)
     for side in sides:  # a recorded run is read in full before anything runs
         if side.recorded is not None:
-            load_run(side.recorded)
+            load_run(side.recorded, allow_ranks=True)
     out = output_dir(args.out, "compare")
     opts = launch_options(args)
     with lock_dir(out):
@@ -112,11 +125,12 @@ def run(args: argparse.Namespace) -> int:
         isolation = isolation_for(False, out) if both else None
         dirs = [record_side(side, out / side.label.lower(), opts, isolation=isolation, number=k)
                 for k, side in enumerate(sides, start=1)]
-        from ..analysis.crossrun import compare_commands
+        from ..analysis.fullcompare import compare_sides  # a torchrun side: its full-tensor view, or rank by rank
 
-        runs = [load_run(d) for d in dirs]
-        result = compare_commands(runs[0], runs[1], tolerance(args), commands=[s.shown for s in sides],
-                                  workdir=isolation.to_json() if isolation is not None else None)
+        result, runs = compare_sides(dirs, tolerance(args), full_tensors=args.full_tensors,
+                                     commands=[s.shown for s in sides],
+                                  workdir=isolation.to_json() if isolation is not None else None,
+                                  options=compare_words(args))
         errors: WriteErrors = []
         located = None
         if args.locate:
@@ -127,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
             except Interrupted:
                 raise
             except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
-                located = locate_failed(exc, f"torchrepro compare --locate {shlex.quote(args.command_a)} "
-                                             f"{shlex.quote(args.command_b)}")
+                steps = ["--locate-steps", str(args.locate_steps)] if args.locate_steps != 1 else []
+                located = locate_failed(exc, shlex.join(["torchrepro", "compare", *compare_words(args), "--locate",
+                                                         *steps, args.command_a, args.command_b]))
         return finish(result, out, runs, as_json=args.json, located=located, errors=errors)
 
 
@@ -150,9 +165,10 @@ def refuse_overlap(sides: list[Side], out: str | None) -> None:
 _OWN_KEYS = ("launch.command", "launch.cwd")
 
 
-def environment_between(runs: list[Any]) -> tuple[str | None, dict[str, Any]]:
+def environment_between(runs: list[Any], verdict: str = "diverged") -> tuple[str | None, dict[str, Any]]:
     """The environment differences of A and B that are not the command itself: text (None when there are none)
-    and the ``torchrepro.env-diff/1`` document (``{"compared": false, ...}`` without a readable environment)."""
+    and the ``torchrepro.env-diff/1`` document (``{"compared": false, ...}`` without a readable environment).
+    ``verdict`` (compare's) says what the differences that can break bitwise equality did to these runs."""
     found = environment_differences(runs)
     if found.diff is None:
         return f"Environment: not compared ({found.problem})", found.to_json("diverged")
@@ -163,7 +179,7 @@ def environment_between(runs: list[Any]) -> tuple[str | None, dict[str, Any]]:
     found.diff.a, found.diff.b = "A", "B"
     doc = found.diff.to_json() | {"compared": True}
     shown = EnvDiff("A", "B", [c for c in found.diff.changes if c.rank != BENIGN])  # the text leaves out benign ones
-    return (render_env_diff(shown) if shown.changes else None), doc
+    return (render_env_diff(shown, verdict=verdict) if shown.changes else None), doc
 
 
 def finish(result: CompareResult, out: Path, runs: list[Any], *, as_json: bool,
@@ -175,7 +191,7 @@ def finish(result: CompareResult, out: Path, runs: list[Any], *, as_json: bool,
     from ._html.reports import compare_report
     from ._output import Verdict, emit
 
-    environment, env_doc = environment_between(runs)
+    environment, env_doc = environment_between(runs, result.verdict)
     doc = result.to_json() | {"out": str(out), "environment_diff": env_doc, "locate": located}
     if located is not None:  # the locate section is the answer: no advice to run it
         doc["action"] = None

@@ -27,7 +27,7 @@ NOTHING_TO_LOCATE: dict[str, Any] = {"verdict": "nothing-to-locate",
 
 
 def next_action(result: CheckResult, env_diff: EnvironmentDifferences, located: dict[str, Any] | None) -> str | None:
-    """The next step for two runs whose environments differ in what breaks bitwise equality; None: the cause's.
+    """The next step for two runs whose environments differ in what can break bitwise equality; None: the cause's.
 
     Deterministic mode makes one environment repeat itself; it cannot make two environments agree, so the
     cause's usual advice (``check --deterministic``) would contradict the environment differences listed below.
@@ -37,9 +37,29 @@ def next_action(result: CheckResult, env_diff: EnvironmentDifferences, located: 
         return None
     if located is not None and located.get("explanation"):
         return "See Locate below: it names the operation that computes differently in B's environment and why."
-    return (f"The runs differ in settings that break bitwise equality ({diff.summary()}): give both the same "
+    return (f"The runs differ in settings that can break bitwise equality ({diff.summary()}): give both the same "
             "settings and record again. `check --deterministic` would not help: it makes one environment repeat "
             "itself, not agree with another.")
+
+
+def recorded_rerun(runs: list[Any]) -> tuple[list[str], list[str]] | None:
+    """The check that reproduces two recorded runs of one command: their command and the launch options they were
+    recorded with (seed, deterministic mode, steps); None when the runs ran other commands or did not record one."""
+    manifests = [run.manifest for run in runs]
+    commands = [m.get("command") for m in manifests]
+    command = commands[0]
+    if not isinstance(command, list) or not command or not all(isinstance(w, str) for w in command) \
+            or any(c != command for c in commands):
+        return None
+    m = manifests[0]
+    options: list[str] = []
+    if isinstance(m.get("seed"), int) and not isinstance(m.get("seed"), bool):
+        options += ["--seed", str(m["seed"])]
+    if m.get("deterministic") is True:
+        options.append("--deterministic")
+    if isinstance(m.get("max_steps"), int) and not isinstance(m.get("max_steps"), bool):
+        options += ["--max-steps", str(m["max_steps"])]
+    return options, list(command)
 
 
 def add_parser(sub: Any) -> None:
@@ -108,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
         located = (dict(NOTHING_TO_LOCATE) if result.verdict == "identical" else
                    locate_between(runs[0], runs[1], env_diff.diff, first_step=result.first_step))
     result.next_action = next_action(result, env_diff, located)
+    rerun = recorded_rerun(runs)
+    if rerun is not None:  # Next's `torchrepro check ... -- ...`: the recorded command, as it was launched
+        result.set_rerun(*rerun)
     out = output_dir(args.out, "diff")
     with lock_dir(out):
         errors: WriteErrors = []

@@ -108,8 +108,8 @@ def run_diff(args: argparse.Namespace) -> int:
     return written[0] or diff.exit_code
 
 
-_BREAKS = ("B differs from A in settings that break bitwise equality: {summary}. Runs in these two environments are "
-           "not expected to give the same bits.")
+_BREAKS = ("B differs from A in settings that can break bitwise equality: {summary}. Whether they do depends on what "
+           "the script runs: record a run in each (`torchrepro run --record DIR`) and `torchrepro diff` them.")
 
 
 def _html(diff: Any) -> str:

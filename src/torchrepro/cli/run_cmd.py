@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         command, nproc = ranks_command(args.user_command, args.nproc_per_node)
     budget = {} if args.values_budget is None else {"budget": args.values_budget}
     opts = LaunchOptions(record=args.record, seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
-                         values=ValueSettings(keep=args.keep_values, **budget),
+                         values=ValueSettings(keep=args.keep_values, full_tensors=args.full_tensors, **budget),
                          trace=TraceSettings(steps=(args.trace_steps, args.trace_steps) if args.trace_steps is not None
                                              else None),
                          ranks=RankOptions(nproc_per_node=nproc, **nodes))

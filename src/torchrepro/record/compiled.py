@@ -616,5 +616,24 @@ def measure_graphs(watch: CompileWatch, run_dir: str | Path, models: dict[str, n
     atomic_write_json(path, {"format": "torchrepro.compiled-graphs", "version": 1, "repeats": repeats,
                              "threads": torch.get_num_threads(),
                              "deterministic": torch.are_deterministic_algorithms_enabled(),
+                             "inductor_rng": inductor_rng_settings(),
                              "regions": watch.regions(models), "captured": len(watch.graphs), "graphs": docs})
     return path
+
+
+RNG_SETTINGS = ("fallback_random", "align_random_eager")  # torch._inductor.config: compiled vs eager random numbers
+
+
+def inductor_rng_settings() -> dict[str, Any]:
+    """This torch's inductor settings that align the compiled code's random numbers with eager's, as the run had
+    them (a setting this torch lacks is left out), and the torch version; {} when inductor was never imported."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is None:
+        return {}
+    found: dict[str, Any] = {"torch": torch.__version__}
+    for name in RNG_SETTINGS:
+        try:
+            found[name] = bool(getattr(config, name))
+        except AttributeError:
+            continue
+    return found

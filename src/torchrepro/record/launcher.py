@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -98,7 +99,7 @@ def parse_python_command(command: list[str]) -> Target:
     args = list(command)
     interpreter, flags = sys.executable, []
     if is_interpreter(args[0]):
-        interpreter = resolve_interpreter(args[0])
+        interpreter = resolve_interpreter(args[0], shlex.join(args[1:]) or "train.py")
         args = args[1:]
         while args and args[0].startswith("-") and args[0] not in ("-m", "-c", "-"):
             if args[0] in _PY_FLAGS_REFUSED:
@@ -130,32 +131,54 @@ def parse_python_command(command: list[str]) -> Target:
     return Target("path", args[0], args, interpreter, tuple(flags))
 
 
-def resolve_interpreter(name: str) -> str:
-    """The path of the interpreter ``name`` (a path, or a name looked up on PATH); it must import torchrepro."""
-    path = name if os.sep in name or (os.altsep and os.altsep in name) else shutil.which(name)
+def resolve_interpreter(name: str, rest: str = "train.py") -> str:
+    """The path of the interpreter ``name`` (a path, or a name looked up on PATH); it must import torchrepro.
+
+    A bare name (``python``, ``python3``) that PATH resolves to an interpreter without torchrepro -- the shell's
+    Python when ``.venv/bin/torchrepro`` runs without the venv activated -- is replaced by the interpreter
+    torchrepro runs in, and one line on stderr says so. A path is the interpreter the user chose: it is kept, and
+    refused when it lacks torchrepro. ``rest``: the command after the interpreter, for the messages."""
+    bare = not (os.sep in name or (os.altsep and os.altsep in name))
+    path = shutil.which(name) if bare else name
     if path is None or not os.path.isfile(path) or not os.access(path, os.X_OK):
         where = "on PATH" if path is None else "(no such executable file)"
         raise CommandError(f"the interpreter {name!r} in your command was not found {where}. Name an existing "
-                           f"Python, e.g. `-- {sys.executable} train.py`, or give only the script: `-- train.py`.")
+                           f"Python, e.g. `-- {sys.executable} {rest}`, or give only the script: `-- {rest}`.")
     path = os.path.abspath(path)
-    _check_importable(path)
+    if bare and path != os.path.abspath(sys.executable) and _probe(path) != 0:
+        _say_replaced(name, path)
+        return os.path.abspath(sys.executable)
+    _check_importable(path, rest)
     return path
 
 
 @functools.cache
-def _check_importable(interpreter: str) -> None:
-    if interpreter == os.path.abspath(sys.executable):
-        return
+def _say_replaced(name: str, path: str) -> None:
+    """Once per interpreter: the command's `python` was not the one torchrepro runs in."""
+    print(f"torchrepro: `{name}` on PATH is {path}, which has no torchrepro (or no torch); running the script with "
+          f"{sys.executable}, the Python torchrepro runs in (name an interpreter's path to use another).",
+          file=sys.stderr, flush=True)
+
+
+@functools.cache
+def _probe(interpreter: str) -> int:
+    """0: ``interpreter`` imports torchrepro and torch; 7: no torchrepro; ``_NO_TORCH``: no torch."""
     try:
-        rc = subprocess.run([interpreter, "-c", _PROBE], capture_output=True, timeout=120).returncode
+        return subprocess.run([interpreter, "-c", _PROBE], capture_output=True, timeout=120).returncode
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CommandError(f"cannot start the interpreter {interpreter!r} ({exc}).") from None
+
+
+def _check_importable(interpreter: str, rest: str = "train.py") -> None:
+    if interpreter == os.path.abspath(sys.executable):
+        return
+    rc = _probe(interpreter)
     if rc != 0:
         missing = "torch" if rc == _NO_TORCH else "torchrepro"  # torchrepro found through PYTHONPATH, torch not
         raise CommandError(
             f"{missing} is not installed for the interpreter in your command ({interpreter}), so torchrepro cannot "
             f"record the script there. Install it into that environment (`{interpreter} -m pip install {missing}`), "
-            f"or run the script with the Python that has torchrepro: `-- {sys.executable} train.py`.")
+            f"or run the script with the Python that has torchrepro: `-- {sys.executable} {rest}`.")
 
 
 _NO_TORCH = 8

@@ -33,7 +33,7 @@ MANIFEST, TRACE, OPS, VALUES, CHILD = "manifest.json", "trace.jsonl", "ops.jsonl
 GRAPHS = "compiled_graphs.json"  # measurements of torch.compile'd graphs in a --locate re-run (see compiled.py)
 RUN_FILES = {MANIFEST, TRACE, OPS, VALUES, CHILD, GRAPHS, "op_values.pt", "stdout.txt", "stderr.txt", LOCK}
 CHECK_FILES = {"check.json", "check.png", "report.html", "locate.json", "locate_ops.txt", "compare.json", "bisect.json",
-               LOCK}
+               "invariance.json", LOCK}
 RUN_NAME = re.compile(r"run\d+")
 RANK_NAME = re.compile(r"rank\d+")  # one rank's run directory inside a run of several ranks (torchrun)
 NODE_NAME = re.compile(r"node\d+")  # one node's manifest (nodeN/manifest.json) inside a run of several nodes

@@ -56,6 +56,8 @@ from ..distributed.ranks import unreplicated_names
 from ..env.info import environment_summary
 from .compiled import CompileWatch, measure_graphs
 from .divergence import DivergenceWatch
+from .draws import DrawWatch
+from .fullview import FullView
 from .inputs import ModelInputs, _grad_enabled, _unrecorded, data_fields
 from .inputs import unrecorded_batches as unrecorded_batches  # imported from here too
 from .optrace import OpTracer
@@ -193,7 +195,10 @@ class Recorder:
         self._optimizers_exist: bool | None = None
         self._warned: set[str] = set()
         self.values = ValueWriter(self.trace.dir / VALUES, kept.budget) if kept.keep else None
-        self._layouts = LayoutTracker()  # DTensors' placements, mesh and coordinate, written as they change
+        self._layouts = LayoutTracker(constant=True)  # DTensors' placements, mesh, coordinate (as they change)
+        self._draws = None if self.timing else DrawWatch.from_env(self)  # torchrun: random draws of the first steps
+        # --full-tensors: every DTensor also assembled (a collective on every rank), written by rank 0 (fullview)
+        self._full = FullView(self.trace.dir, kept) if kept.full_tensors and not settings.timing else None
         self._snapshot_due = SCHEDULES[kept.schedule]
         self._compile_watch = CompileWatch.from_env()  # torch.compile calls (and graph capture for --locate)
         self.steps = 0
@@ -366,6 +371,8 @@ class Recorder:
                               **self._layouts.fields(params=params)})
             if self.values is not None:
                 self.values.submit("init", params)
+            if self._full is not None:
+                self._full.init(params)
 
     def _on_backward_end(self, loss: torch.Tensor | None) -> None:
         self.backward_calls += 1
@@ -401,6 +408,8 @@ class Recorder:
             self.values.submit(f"backward_{self.backward_calls:06d}", params)
             self._submit_grads(self.backward_calls, params, {})
         self.trace.write(event)
+        if self._full is not None and params:
+            self._full_step(self.backward_calls, params, "backward")
         if not self._optimizers_exist:
             self._divergence_stop_due(self.backward_calls, "backward")  # stops as the next backward() starts
 
@@ -446,6 +455,8 @@ class Recorder:
             if self._snapshot_due(self.steps):
                 self.values.submit(f"step_{self.steps:06d}", params)
             self._submit_grads(self.steps, params, state)
+        if self._full is not None:
+            self._full_step(self.steps, params, "optimizer")
         if self.trace_mode == "optimizer":
             self._trace_boundary(self.steps + 1)
         if self.check_ranks_every and self.steps % self.check_ranks_every == 0:
@@ -470,6 +481,12 @@ class Recorder:
             # does not fit is left out here rather than counted among the parameter snapshots skipped
             if snapshot and self.values.used + 2 * size <= self.values.budget:
                 self.values.submit(name, snapshot)
+
+    def _full_step(self, n: int, params: Mapping[str, torch.Tensor], mode: str) -> None:
+        """The full-tensor view of step ``n`` (every rank: the gathering is a collective)."""
+        assert self._full is not None
+        grads_due = self.grad_value_start <= n < self.grad_value_start + self.grad_value_steps
+        self._full.step(n, params, due=self._snapshot_due(n), grad_values=grads_due, mode=mode)
 
     def _check_ranks(self) -> None:
         """Compare this step's replicas across ranks (a collective: every rank gets here at the same step)."""
@@ -545,6 +562,8 @@ class Recorder:
 
         self._patches.hook(register_optimizer_step_post_hook(step_hook))
         self.inputs.install()
+        if self._draws is not None:
+            self._draws.install()
         if self.marks is not None:
             self.marks.install(self._patches, it_cls)
         self._active = True
@@ -556,6 +575,8 @@ class Recorder:
             return
         self._patches.undo()
         self.inputs.uninstall()
+        if self._draws is not None:
+            self._draws.uninstall()
         self._active = False
         self._compile_watch.uninstall()
         if self in _installed:
@@ -610,6 +631,9 @@ class Recorder:
         if self.values is not None:
             self.values.close()
         self.trace.close()
+        if self._full is not None:
+            self._full.finish({"device": self.device, "backward_calls": self.backward_calls,
+                               "stopped_at_max_steps": self.stopped})
         return {
             "unreplicated": unreplicated,
             "step_mode": "optimizer" if self.steps else "backward",

@@ -118,10 +118,14 @@ class ValueSettings(_Settings):
     - ``schedule``: which steps get a snapshot: ``"every"`` step, or ``"sampled"`` (:func:`sampled_step`: steps
       1-16, then 8 per doubling; what ``check`` uses, so that snapshots stay a small share of a long run's time);
     - ``grad_steps``: with ``keep``, also save gradients and optimizer state for this many steps (``None``: the
-      ``TORCHREPRO_GRAD_VALUE_STEPS`` environment variable, else 0), from step ``grad_start`` on.
+      ``TORCHREPRO_GRAD_VALUE_STEPS`` environment variable, else 0), from step ``grad_start`` on;
+    - ``full_tensors``: under torchrun, also record the *full* tensor of every DTensor parameter and gradient
+      (FSDP2, tensor parallel): assembled with ``full_tensor()`` (a collective, on every rank) at the scheduled
+      steps and written once, by rank 0, into ``rank0/full`` (:mod:`torchrepro.record.fullview`), so that runs
+      sharded differently (another world size or mesh) can be compared.
 
     >>> ValueSettings(keep=True, schedule="sampled", grad_steps=3)
-    ValueSettings(keep=True, budget=1073741824, schedule='sampled', grad_steps=3, grad_start=1)
+    ValueSettings(keep=True, budget=1073741824, schedule='sampled', grad_steps=3, grad_start=1, full_tensors=False)
     """
 
     keep: bool = field(default=False, metadata=_kw("keep_values"))
@@ -129,9 +133,11 @@ class ValueSettings(_Settings):
     schedule: str = field(default="every", metadata=_kw("value_schedule"))
     grad_steps: int | None = field(default=None, metadata=_kw("grad_value_steps"))
     grad_start: int = field(default=1, metadata=_kw("grad_value_start"))
+    full_tensors: bool = False  # no flat keyword of the recorder: new with the settings objects
 
     def __post_init__(self) -> None:
         self._bool("keep")
+        self._bool("full_tensors")
         self._int("budget", low=0, unit="bytes")
         self._choice("schedule", sorted(SCHEDULES))
         self._int("grad_steps", low=0, optional=True)

@@ -89,6 +89,11 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "batches_source": ("string",), "input_modules": ("list of strings",),
     # DTensors (FSDP2, tensor parallel): {kind: {name: layout or null}}, written when a layout changes (_core/dtensor)
     "layouts": ("object",),
+    # the sharded DTensor parameters whose local shard is constant (_core/dtensor.constant_shards)
+    "constant": ("list of strings",),
+    # a random draw of a distributed run's first steps (record/draws): "kind": "draw"
+    "during_step": ("int",), "op": ("string",), "site": ("string",), "i": ("int",), "fp": ("string",),
+    "const": ("bool",), "in": ("string", "null"), "layout": ("object", "null"),
 }
 # One DTensor's layout (see _core/dtensor.py); lists of ints are checked by _layout_problems.
 LAYOUT_FIELDS: dict[str, tuple[str, ...]] = {

@@ -8,7 +8,9 @@ It runs the same training three times, each in a fresh Python process:
 
 and compares the losses, parameters and optimizer state of runs 1 and 2+3 after every step.
 
-The contract (``build``, ``step``, ``save`` and ``load`` must be importable, module-level functions):
+The contract (``build``, ``step``, ``save`` and ``load`` must be importable, module-level functions; a script
+that calls ``verify_resume`` at its top level needs no ``if __name__ == "__main__":`` guard: each fresh process runs
+the script up to that call, as the caller's process had, and stops there):
 
 * ``build()`` runs once per process, after ``seed_everything(seed)``, and returns the training state as a
   dict: ``"model"`` (an ``nn.Module``, required) and any of ``"optimizer"``, ``"scheduler"``, ``"scaler"``,
@@ -91,20 +93,55 @@ class ResumeReport:
 
 def _ref(fn: Callable[..., Any]) -> str:
     mod = fn.__module__
-    if mod == "__main__":
-        mod = str(Path(sys.modules["__main__"].__file__ or "").resolve())
     if "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>":
         raise TypeError(f"{fn.__qualname__} must be a module-level function so that a fresh process can import it")
+    if mod == "__main__":
+        main_file = getattr(sys.modules["__main__"], "__file__", None)
+        if not main_file:
+            raise TypeError(f"{fn.__qualname__} is defined in an interactive session (a REPL or notebook), which a "
+                            "fresh process cannot import: put build and step in a .py file and import them from "
+                            "there (or run that file with python).")
+        mod = str(Path(main_file).resolve())
     return f"{mod}:{fn.__qualname__}"
+
+
+SCRIPT_MODULE = "_torchrepro_resume_target"  # the name a child gives the caller's script (ran as __main__ there)
+_loading: list[str] = []  # the script a child is executing to find build/step (see _load_script)
+
+
+class _ScriptLoaded(BaseException):
+    """Raised by the ``verify_resume`` call of a script that a child is loading, to end the load there."""
+
+
+def _load_script(path: str) -> Any:
+    """The caller's script (it ran as ``__main__``), loaded once per child under :data:`SCRIPT_MODULE`.
+
+    A script that calls ``verify_resume`` at its top level, without an ``if __name__ == "__main__":`` guard, runs
+    here up to that call -- exactly what had run in the caller's process when it called -- and stops there: the
+    call raises :class:`_ScriptLoaded` instead of starting three more processes. build, step, save and load share
+    this one module (its globals), as they did in the caller's process.
+    """
+    module = sys.modules.get(SCRIPT_MODULE)
+    if module is not None and getattr(module, "__file__", None) == path:
+        return module
+    spec = importlib.util.spec_from_file_location(SCRIPT_MODULE, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[SCRIPT_MODULE] = module  # dataclasses and pickle look their module up there
+    _loading.append(path)
+    try:
+        spec.loader.exec_module(module)
+    except _ScriptLoaded:
+        pass  # the script reached its verify_resume call: everything build and step need is defined
+    finally:
+        _loading.pop()
+    return module
 
 
 def _resolve(ref: str) -> Callable[..., Any]:
     mod_name, _, qual = ref.rpartition(":")
     if mod_name.endswith(".py"):
-        spec = importlib.util.spec_from_file_location("_torchrepro_resume_target", mod_name)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load_script(mod_name)
     else:
         module = importlib.import_module(mod_name)
     obj: Any = module
@@ -239,6 +276,8 @@ def verify_resume(
     on error. A run that outlives ``timeout`` seconds is killed with the processes it started, and
     :class:`ResumeRunError` names it (straight, interrupted or resumed).
     """
+    if _loading:  # a child is loading the caller's script, which calls verify_resume at its top level
+        raise _ScriptLoaded
     if not 0 < resume_at < steps:
         raise ValueError(f"need 0 < resume_at < steps, got resume_at={resume_at}, steps={steps}")
     with _work_dir(workdir) as work:

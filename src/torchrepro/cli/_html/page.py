@@ -101,7 +101,7 @@ VERDICT_CLASS = {"identical": "ok", "equivalent": "ok", "same": "ok", "good": "o
                  "diverged": "bad", "breaks-bitwise": "bad", "differs": "warn", "bad": "bad", "skipped": "muted",
                  "ambiguous": "warn", "not-reproduced": "warn", "error": "bad", "fail": "bad", "warn": "warn",
                  "pass": "ok", "info": "muted", "origin": "bad", "rng": "bad", "control-flow": "warn",
-                 "compiled-kernel": "bad", "none-differs": "warn"}
+                 "compiled-kernel": "bad", "compiled-rng": "bad", "none-differs": "warn"}
 
 
 def badge(verdict: str, text: str | None = None) -> Raw:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import sections as s
-from .page import Raw, badge, code, document, esc, link, num, para, section, table, td
+from .page import Raw, badge, code, dl, document, esc, link, num, para, section, table, td
 
 if TYPE_CHECKING:
     from ...analysis.compare import CheckResult
@@ -231,3 +231,71 @@ def audit_report(doc: dict[str, Any], text: str) -> str:
                                        row_classes=classes), anchor="checks")]
     body += [para(f"Note: {n}") for n in doc.get("notes") or []]
     return document("torchrepro audit", body, beside=None)
+
+
+INVARIANCE_CLASS = {"invariant": "pass", "variant": "bad", "row-mixing": "warn", "nondeterministic": "bad"}
+
+
+def _variant_op(op: dict[str, Any] | None, title: str, anchor: str) -> list[str]:
+    if not op:
+        return []
+    where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
+    line = Raw(code(op["code"])) if op.get("code") else None
+    return [section(title, dl([("op", Raw(code(str(op.get("op"))))), ("module", op.get("module") or "-"),
+                               ("source", Raw(code(where))), ("line", line),
+                               ("kind", op.get("kind")), ("batch sizes", op.get("text")),
+                               ("max |Δ| of its row output", num(op.get("max_abs")) if op.get("max_abs") else None),
+                               ("note", op.get("note") or None)]), anchor=anchor)]
+
+
+def _forward_sections(doc: dict[str, Any], key: str = "") -> list[str]:
+    rows = [[td(s["size"], s["size"]), td(s["compared"], s["compared"]), td(s["equal"], s["equal"]),
+             td(num(s["max_abs"]), s["max_abs"]), td(s["max_ulp"], s["max_ulp"]),
+             Raw(badge(INVARIANCE_CLASS.get(s["status"], "muted"), s["status"].upper()))]
+            for s in doc.get("by_size") or []]
+    what = str(doc.get("what") or "")
+    title = f"{what.split(':')[0].capitalize()}, row by row" if what else "Rows alone against rows batched"
+    note = "a context is one row at one position in a batch of that size, every output compared"
+    body: list[str] = [section(title, table(
+        ["batch size", "contexts", "bitwise equal", "max |Δ|", "max ULP", "status"], rows, sortable=True),
+        anchor=f"rows{key}", note=f"{what[0].upper()}{what[1:]}; {note}" if what else note)]
+    first = doc.get("first_op") or {}
+    body += _variant_op(first, "First op that mixes rows" if first.get("kind") == "row-mixing" else
+                        "First batch-variant op", f"locate{key}")
+    body += _variant_op(doc.get("mixing_op"), "First op that mixes rows", f"mixing{key}")
+    if not doc.get("first_op") and doc.get("locate_note"):
+        body.append(para(f"Locate: {doc['locate_note']}"))
+    return body
+
+
+def invariance_report(doc: dict[str, Any], text: str) -> str:
+    """The report of ``invariance``: the table by batch size (and, for a language model, by prompt), the first
+    batch-variant op, the fix."""
+    verdict = str(doc.get("verdict"))
+    head = (text.splitlines()[0] if text else verdict.upper()).removeprefix("torchrepro invariance: ")
+    body: list[str] = [s.header(" ".join(doc.get("command") or []), INVARIANCE_CLASS.get(verdict, "info"), head,
+                                title="torchrepro invariance", word=verdict.upper())]
+    if doc.get("fix"):
+        body.append(Raw(f'<p class="next"><strong>Fix:</strong> {esc(doc["fix"])}</p>'))
+    if doc.get("mode") == "generate":
+        rows = []
+        for p in doc.get("prompts") or []:
+            for c in p.get("contexts") or []:
+                div = c.get("first_divergent_token")
+                rows.append([td(p["index"], p["index"]), p.get("prompt") or "", td(c["size"], c["size"]),
+                             f"{c['position']}{' (padded)' if c.get('padded') else ''}",
+                             "same" if div is None else f"differ from token {div}",
+                             "equal" if c.get("logits_bitwise_equal") else "differ",
+                             td(num(c.get("max_logit_abs")), c.get("max_logit_abs")),
+                             td(num(max(c.get("logprob_deltas") or [0.0])), max(c.get("logprob_deltas") or [0.0])),
+                             Raw(badge(INVARIANCE_CLASS.get(c.get("status"), "muted"), str(c.get("status")).upper()))])
+        body.append(section("Generation, each prompt against itself alone", table(
+            ["prompt", "text", "batch", "position", "tokens", "logits bitwise", "max |Δ logit|", "max |Δ logprob|",
+             "status"], rows, sortable=True), anchor="generation"))
+        for i, forward in enumerate(doc.get("forward") or []):
+            body += _forward_sections(forward, str(i + 1))
+    else:
+        body += _forward_sections(doc)
+    body += [para(f"Note: {n}") for n in doc.get("notes") or []]
+    body.append(section("Summary (as printed)", f"<pre>{s.esc_lines(text)}</pre>", anchor="summary"))
+    return document(f"torchrepro invariance: {verdict}", body)

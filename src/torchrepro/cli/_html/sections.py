@@ -229,7 +229,7 @@ def esc_lines(text: str) -> str:
 
 
 def environment(env_doc: dict[str, Any] | None, *, a: str = "A", b: str = "B") -> Raw:
-    """The environment differences, ranked (breaks bitwise equality, may change numerics, benign)."""
+    """The environment differences, ranked (can break bitwise equality, may change numerics, benign)."""
     if not env_doc:
         return Raw("")
     if env_doc.get("compared") is False:
