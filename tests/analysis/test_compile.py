@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro.analysis.compilelocate import locate_compiled
 from torchrepro.cli._render import render_locate
 from torchrepro.record.compiled import CompileWatch
@@ -40,7 +41,9 @@ def _result(p: subprocess.Popen) -> tuple[int, dict, str]:
 
 
 def _check(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
-    return _result(_start(out, *flags, script=script, args=args))
+    """`check --json` in this process (tests/inprocess.py), while the checks ``_start`` started go on beside it."""
+    p = in_process("check", "--json", "--out", str(out), *flags, "--", "python", str(script), *args, timeout=900)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
 MIXED_SCRIPT = """
@@ -206,8 +209,7 @@ def test_eager_script_whose_gradients_differ_while_parameters_stay(tmp_path):
     assert grads["kind"] == "grads" and grads["tensor"] == "opt0.param0" and grads["max_abs_delta"] > 0
     assert doc["value_delta_text"].startswith("parameters identical so far; gradients differ by up to ")
     # `diff` of two recorded runs says the same in its text summary
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", *doc["runs"][:2], "--out", str(tmp_path / "d")],
-                       capture_output=True, text=True, timeout=300)
+    p = in_process("diff", *doc["runs"][:2], "--out", str(tmp_path / "d"), timeout=300)
     assert "  parameters identical so far; gradients differ by up to " in p.stdout, p.stderr
 
 

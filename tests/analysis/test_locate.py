@@ -1,4 +1,5 @@
-"""End to end: `torchrepro check --locate`, plus the op tracer and the op-stream comparison in-process."""
+"""End to end: `torchrepro check --locate` (the command in this process, its runs in their own: tests/inprocess.py),
+plus the op tracer and the op-stream comparison in-process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 import torchrepro
+from tests.inprocess import torchrepro as in_process
 from torchrepro.analysis.locate import deterministic_kernel, locate_ops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +26,8 @@ def _line_of(path: Path, marker: str) -> int:
 
 
 def locate(tmp_path: Path, script: Path, *flags: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--json", "--out",
-                        str(tmp_path / "out"), *flags, "--", "python", str(script)],
-                       capture_output=True, text=True, timeout=600)
+    """`check --locate --json`, in this process (tests/inprocess.py)."""
+    p = in_process("check", "--locate", "--json", "--out", str(tmp_path / "out"), *flags, "--", "python", str(script))
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
@@ -92,9 +93,8 @@ def test_unseeded_init_is_located_in_the_model_construction(tmp_path):
 
 
 def test_deterministic_script_has_nothing_to_locate(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--out", str(tmp_path / "o"),
-                        "--max-steps", "3", "--", "python", str(EXAMPLES / "cnn_train.py")],
-                       capture_output=True, text=True, timeout=600)
+    p = in_process("check", "--locate", "--out", str(tmp_path / "o"), "--max-steps", "3", "--", "python",
+                   str(EXAMPLES / "cnn_train.py"))
     assert p.returncode == 0, p.stderr
     assert "IDENTICAL" in p.stdout and "Locate: the runs are identical: nothing to locate" in p.stdout
     assert "--locate: tracing" not in p.stderr
@@ -723,9 +723,8 @@ def test_locate_with_fresh_cwd_names_the_users_file_not_the_copies(tmp_path):
     work.mkdir()
     script = work / "t.py"
     script.write_text((SCRIPTS / "noisy_model.py").read_text())
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--fresh-cwd", "--json", "--out",
-                        str(tmp_path / "out"), "--", "python", str(script)],
-                       capture_output=True, text=True, timeout=600, cwd=work)
+    p = in_process("check", "--locate", "--fresh-cwd", "--json", "--out", str(tmp_path / "out"), "--", "python",
+                   str(script), cwd=work)
     assert p.returncode == 1, p.stderr
     loc = json.loads(p.stdout)["locate"]
     assert loc["verdict"] == "rng", loc

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import torchrepro
+from tests.inprocess import torchrepro as in_process
 from torchrepro.cli import main
 
 # the bisect processes run in the generated repository: they must import this torchrepro whatever the cwd
@@ -218,9 +219,7 @@ def test_the_default_output_directory_holds_each_commits_recording(tmp_path):
     """No --out: the recordings go to ./torchrepro-runs/bisect-*, a relative path, while each commit's run starts
     in its worktree (before the fix, every run recorded into the worktree, which was then removed: 0 steps)."""
     root = make_repo(tmp_path / "r", [("good", {"train.py": BASE}), ("reversed", {"train.py": REVERSED})])
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--good", "HEAD~1", "--max-steps",
-                        "2", "--", "python", "train.py"], cwd=root, env=ENV, capture_output=True, text=True,
-                       timeout=600)
+    p = _in_process(root, "--json", "--good", "HEAD~1", "--max-steps", "2", "--", "python", "train.py")
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
     assert doc["first_bad_commit"]["subject"] == "reversed"
@@ -244,10 +243,15 @@ def test_a_script_the_commit_does_not_hold_is_named(tmp_path, monkeypatch, capsy
     assert "torchrepro-bisect-" not in doc["error"]
 
 
+def _in_process(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`torchrepro bisect ARGS` in ``root``, in this process (tests/inprocess.py); each commit's run is a process of
+    its own."""
+    return in_process("bisect", *args, cwd=root, env={"PYTHONPATH": ENV["PYTHONPATH"]}, timeout=600)
+
+
 def _run_bisect(root: Path, *args: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
-                        "--out", str(root.parent / "out"), *args, "--", "python", "train.py"], cwd=root, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    p = _in_process(root, "--json", "--max-steps", "2", "--no-locate", "--out", str(root.parent / "out"), *args,
+                    "--", "python", "train.py")
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
@@ -392,10 +396,8 @@ def test_interpreter_options_with_values_are_accepted(tmp_path):
     """`python -W ignore /abs/train.py`: -W's value is not the script, and the script is each commit's copy (before
     the fix: "the command fails at good", python option '-W' is not supported)."""
     root = make_repo(tmp_path / "r", [("good", {"train.py": BASE}), ("reversed", {"train.py": REVERSED})])
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
-                        "--good", "HEAD~1", "--out", str(tmp_path / "out"), "--", "python", "-W", "ignore",
-                        "-X", "faulthandler", str(root / "train.py")], cwd=root, env=ENV, capture_output=True,
-                       text=True, timeout=600)
+    p = _in_process(root, "--json", "--max-steps", "2", "--no-locate", "--good", "HEAD~1", "--out",
+                    str(tmp_path / "out"), "--", "python", "-W", "ignore", "-X", "faulthandler", str(root / "train.py"))
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
     assert doc["first_bad_commit"]["subject"] == "reversed"
@@ -440,9 +442,8 @@ def test_submodules_are_checked_out_with_the_option(tmp_path):
     root = _repo_with_a_submodule(tmp_path)
     before = (git(root, "status", "--porcelain"), git(root / "mylib", "rev-parse", "HEAD"),
               git(root / "mylib", "worktree", "list", "--porcelain"), git(root / "mylib", "status", "--porcelain"))
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "bisect", "--json", "--max-steps", "2", "--no-locate",
-                        "--submodules", "--good", "HEAD~1", "--out", str(tmp_path / "out"), "--", "python",
-                        "train.py"], cwd=root, env=ENV, capture_output=True, text=True, timeout=600)
+    p = _in_process(root, "--json", "--max-steps", "2", "--no-locate", "--submodules", "--good", "HEAD~1", "--out",
+                    str(tmp_path / "out"), "--", "python", "train.py")
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["verdict"] == "found", p.stderr
     assert doc["first_bad_commit"]["subject"] == "bump mylib"

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.inprocess import torchrepro
+from torchrepro.cli import main
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -17,9 +20,10 @@ needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nond
 
 
 def check(tmp_path: Path, *args: str, script: str, script_args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
+    """`check --json`, in this process (tests/inprocess.py); test_text_summary_and_three_runs and
+    test_bad_commands start `python -m torchrepro check` as users do."""
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *args, "--",
-                        "python", script, *script_args], capture_output=True, text=True, timeout=600)
+    p = torchrepro("check", "--json", "--out", str(out), *args, "--", "python", script, *script_args, timeout=600)
     doc = json.loads(p.stdout) if p.stdout.strip() else {}
     return p.returncode, doc, p.stderr
 
@@ -143,22 +147,36 @@ def diff(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torchrepro", "diff", *args], capture_output=True, text=True)
 
 
-def test_diff_two_recorded_runs(recorded, tmp_path):
+@pytest.fixture
+def diff_here(capsys):
+    """`torchrepro diff ARGS` in this process (the runs are recorded: nothing trains): like ``diff``, without
+    starting and importing torch in a new process for each call."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        rc = main(["diff", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["torchrepro", "diff", *args], rc, out, err)
+
+    return run
+
+
+def test_diff_two_recorded_runs(recorded, tmp_path, diff_here):
     p = diff(str(recorded / "r1"), str(recorded / "r2"), "--json", "--out", str(tmp_path / "d"))
     assert p.returncode == 1, p.stderr
     doc = json.loads(p.stdout)
     assert doc["cause"] == "initial-weights" and doc["first_divergent_step"] == 0
     assert doc["final_max_abs_delta_weight"] > 0
-    p = diff(str(recorded / "r1"), str(recorded / "r1"), "--out", str(tmp_path / "e"))
+    p = diff_here(str(recorded / "r1"), str(recorded / "r1"), "--out", str(tmp_path / "e"))
     assert p.returncode == 0 and "IDENTICAL" in p.stdout
 
 
-def test_diff_of_different_commands_is_not_comparable(recorded, tmp_path):
+def test_diff_of_different_commands_is_not_comparable(recorded, tmp_path, diff_here):
     other = _copy(recorded / "r2", tmp_path / "other")
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["command"] = [*manifest["command"], "--wide"]
     (other / "manifest.json").write_text(json.dumps(manifest))
-    p = diff(str(recorded / "r1"), str(other), "--out", str(tmp_path / "d"))
+    p = diff_here(str(recorded / "r1"), str(other), "--out", str(tmp_path / "d"))
     assert p.returncode == 2 and p.stdout == ""
     assert "the runs are not comparable" in p.stderr and "'--wide' only in run 2" in p.stderr
     assert "initial-weights" not in p.stderr
@@ -171,30 +189,30 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def test_diff_bad_run_dirs(recorded, tmp_path):
+def test_diff_bad_run_dirs(recorded, tmp_path, diff_here):
     good = recorded / "r1"
-    p = diff(str(tmp_path / "missing"), str(good))
+    p = diff_here(str(tmp_path / "missing"), str(good))
     assert p.returncode == 2 and "is not a directory" in p.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
-    p = diff(str(empty), str(good))
+    p = diff_here(str(empty), str(good))
     assert p.returncode == 2 and "has no manifest.json" in p.stderr
     corrupt = _copy(good, tmp_path / "corrupt")
     (corrupt / "manifest.json").write_text('{"format": "torchrepro.run", "vers')
-    p = diff(str(corrupt), str(good))
+    p = diff_here(str(corrupt), str(good))
     assert p.returncode == 2 and "manifest.json: is not valid JSON" in p.stderr
     truncated = _copy(good, tmp_path / "truncated")
     trace = truncated / "trace.jsonl"
     trace.write_bytes(trace.read_bytes()[:-30])
-    p = diff(str(truncated), str(good))
+    p = diff_here(str(truncated), str(good))
     assert p.returncode == 2 and "the trace is truncated" in p.stderr
     foreign = _copy(good, tmp_path / "foreign")
     (foreign / "manifest.json").write_text('{"format": "something-else"}')
-    p = diff(str(foreign), str(good))
+    p = diff_here(str(foreign), str(good))
     assert p.returncode == 2 and "has format 'something-else', expected 'torchrepro.run'" in p.stderr
     badvalues = _copy(good, tmp_path / "badvalues")
     (badvalues / "values" / "final.pt").write_bytes(b"garbage")
-    p = diff(str(badvalues), str(recorded / "r2"))
+    p = diff_here(str(badvalues), str(recorded / "r2"))
     assert p.returncode == 2 and "final.pt: cannot be read" in p.stderr
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 LOOP = str(SCRIPTS / "resume_loop.py")
 SCHEMA = "torchrepro.check-resume/1"
@@ -21,11 +23,11 @@ K = 4
 
 def resume_check(tmp_path: Path, *script: str, k: int = K, json_out: bool = True, args: tuple[str, ...] = (),
                  ) -> tuple[int, dict, str, str]:
-    """Run the check; return (exit code, the JSON document -- stdout's, else check.json's --, stdout, stderr)."""
+    """Run the check (in this process: tests/inprocess.py); return (exit code, the JSON document -- stdout's, else
+    check.json's --, stdout, stderr)."""
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--resume-at", str(k), "--out", str(out),
-                        *(["--json"] if json_out else []), *args, "--", "python", *script],
-                       capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    p = torchrepro("check", "--resume-at", str(k), "--out", str(out), *(["--json"] if json_out else []), *args,
+                   "--", "python", *script, timeout=900, cwd=tmp_path)
     if json_out:
         doc = json.loads(p.stdout)  # exactly one JSON document, errors included
     else:

@@ -11,18 +11,21 @@ import sys
 import time
 from pathlib import Path
 
+from tests.inprocess import torchrepro
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "diverges_at_step1.py"
 SAME_UP_TO_STOP = ("verdict", "first_divergent_step", "cause", "diverged_first", "first_step_by_kind", "step_mode",
                    "value_deltas", "value_delta_text", "parameters_identical")
 
 
 def check(tmp_path: Path, name: str, *flags: str, script_args: tuple[str, ...] = ()) -> tuple[int, dict, str, str]:
-    """Run check from tmp_path/work (the counter file, if any, lies outside it); its JSON, stdout, stderr."""
+    """Run check from tmp_path/work (the counter file, if any, lies outside it), in this process
+    (tests/inprocess.py); its JSON, stdout, stderr."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     out = tmp_path / name
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--out", str(out), *flags, "--",
-                        "python", str(SCRIPT), *script_args], capture_output=True, text=True, timeout=600, cwd=work)
+    p = torchrepro("check", "--out", str(out), *flags, "--", "python", str(SCRIPT), *script_args, timeout=600,
+                   cwd=work)
     doc = json.loads((out / "check.json").read_text()) if (out / "check.json").exists() else {}
     return p.returncode, doc, p.stdout, p.stderr
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torchrepro
+from tests.inprocess import torchrepro as in_process
 
 SRC = str(Path(torchrepro.__file__).resolve().parents[1])
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
@@ -17,10 +17,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "noisy_model.py"  # i
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrepro ARGS`` in tmp_path/work, in this process (tests/inprocess.py)."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "train.py").write_text(SCRIPT.read_text())
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], cwd=tmp_path / "work", env=ENV, text=True,
-                          capture_output=True, timeout=600)
+    return in_process(*args, cwd=tmp_path / "work", env={"PYTHONPATH": ENV["PYTHONPATH"]}, timeout=600)
 
 
 def test_check_locate_whose_reruns_fail_keeps_the_verdict(tmp_path: Path) -> None:

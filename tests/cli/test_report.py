@@ -7,12 +7,12 @@ import html
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cli.browser import dump_dom, ink, network_references, screenshot
+from tests.inprocess import torchrepro as in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI, BIDI = "\x1b[31m", "\u202e"
@@ -41,9 +41,10 @@ for _ in range(3):
 
 
 def _torchrepro(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True, cwd=str(cwd),
-                          env=env, timeout=600)
+    """``torchrepro ARGS`` in ``cwd``, in this process (tests/inprocess.py): `check`'s runs are processes of their
+    own; `env` and `audit` describe this process's environment."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return in_process(*args, cwd=cwd, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

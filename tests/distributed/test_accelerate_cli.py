@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro.cli import main
 from torchrepro.record.launcher import CommandError, parse_python_command, ranks_command
 
@@ -21,8 +22,9 @@ LIMIT_S = 300
 
 
 def torchrepro(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True,
-                          timeout=LIMIT_S)
+    """``torchrepro ARGS`` (here `check`: the ranks' output goes to the run directories), in this process
+    (tests/inprocess.py)."""
+    return in_process(*args, timeout=LIMIT_S)
 
 
 def state(path: Path) -> dict:

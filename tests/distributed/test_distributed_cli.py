@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro as torchrepro_here
 from torchrepro._core.errors import RunDirError
 from torchrepro.analysis.rankcompare import rank_desync
 from torchrepro.cli import main
@@ -27,6 +28,12 @@ def torchrepro(*args: str, cwd: Path | None = None) -> subprocess.CompletedProce
                           timeout=LIMIT_S, cwd=cwd)
 
 
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """``torchrepro`` for `check` and `diff` (their ranks' output goes to the run directories), in this process
+    (tests/inprocess.py)."""
+    return torchrepro_here(*args, timeout=LIMIT_S)
+
+
 def masks(out: Path, run: int, rank: int) -> list[str]:
     """The dropout-mask fingerprints rank ``rank`` printed in run ``run`` (its own stdout.txt)."""
     lines = (out / f"run{run}" / f"rank{rank}" / "stdout.txt").read_text().splitlines()
@@ -35,7 +42,7 @@ def masks(out: Path, run: int, rank: int) -> list[str]:
 
 def test_check_of_a_ddp_script_identical_with_per_rank_dropout(tmp_path):
     out = tmp_path / "out"
-    p = torchrepro("check", "--json", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT,
+    p = in_process("check", "--json", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT,
                    "--steps", "4")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
@@ -54,7 +61,7 @@ def test_check_of_a_ddp_script_identical_with_per_rank_dropout(tmp_path):
     assert [r.manifest["steps"] for r in ranks] == [4, 4]
     with pytest.raises(RunDirError, match=r"is a run of 2 ranks \(torchrun\).*Pass one rank's directory"):
         load_run(out / "run1")
-    d = torchrepro("diff", "--json", "--out", str(out.parent / "diff"), str(out / "run1" / "rank1"),
+    d = in_process("diff", "--json", "--out", str(out.parent / "diff"), str(out / "run1" / "rank1"),
                    str(out / "run2" / "rank1"))  # its output beside the check's, not in the cwd
     assert d.returncode == 0 and json.loads(d.stdout)["verdict"] == "identical", d.stderr
     check_run_dir(out / "run1", flag="--out")  # a later check may replace it
@@ -62,7 +69,7 @@ def test_check_of_a_ddp_script_identical_with_per_rank_dropout(tmp_path):
 
 def test_check_under_torchrun_names_the_desynchronised_rank_tensor_and_step(tmp_path):
     out = tmp_path / "out"
-    p = torchrepro("check", "--out", str(out), "--", "torchrun", "--nproc-per-node", "2", SCRIPT, "--steps", "5",
+    p = in_process("check", "--out", str(out), "--", "torchrun", "--nproc-per-node", "2", SCRIPT, "--steps", "5",
                    "--perturb-rank", "1", "--perturb-step", "3", "--check-every", "1")
     assert p.returncode == 1, p.stderr
     assert "torchrepro: DESYNCHRONISED" in p.stdout and "replicas part at step 3" in p.stdout
@@ -90,7 +97,7 @@ def test_check_under_torchrun_names_the_desynchronised_rank_tensor_and_step(tmp_
 def test_check_when_a_rank_exits_early_names_it_and_shows_its_stderr(tmp_path):
     out = tmp_path / "out"
     t0 = time.monotonic()
-    p = torchrepro("check", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT, "--steps", "5",
+    p = in_process("check", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT, "--steps", "5",
                    "--exit-rank", "1", "--exit-step", "2", "--check-every", "1", "--timeout", "60")
     assert p.returncode == 2, p.stdout + p.stderr
     assert time.monotonic() - t0 < 60  # well within the collectives' 60 s limit: nobody hung
@@ -110,7 +117,7 @@ def test_check_when_a_rank_exits_early_names_it_and_shows_its_stderr(tmp_path):
 
 def test_a_rank_that_exits_0_early_is_named_not_the_peer_left_waiting(tmp_path):
     out = tmp_path / "out"
-    p = torchrepro("check", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT, "--steps", "3",
+    p = in_process("check", "--out", str(out), "--nproc-per-node", "2", "--", "python", SCRIPT, "--steps", "3",
                    "--exit-rank", "1", "--exit-step", "1", "--exit-code", "0", "--timeout", "60")
     assert p.returncode == 2, p.stdout + p.stderr
     top = json.loads((out / "run1" / "manifest.json").read_text())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
 from torchrepro._core.errors import RunDirError
 from torchrepro.record.launcher import CommandError, parse_torchrun, parse_torchrun_command
 from torchrepro.record.store import load_ranks
@@ -52,8 +53,8 @@ def two_nodes(records: list[Path], *script_args: str, extra: tuple[list[str], li
 
 
 def diff(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--json", *args], capture_output=True,
-                          text=True, timeout=LIMIT_S)
+    """`diff --json` of recorded runs, in this process (tests/inprocess.py)."""
+    return torchrepro("diff", "--json", *args, timeout=LIMIT_S)
 
 
 def test_two_nodes_record_global_ranks_and_diff_compares_every_rank(tmp_path):

@@ -5,9 +5,9 @@ resume exactly (tests/scripts/ddp_resume.py)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.inprocess import torchrepro
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "ddp_resume.py")
 SCHEMA = "torchrepro.check-resume/1"
@@ -17,12 +17,11 @@ LIMIT_S = 300
 
 def resume_check(tmp_path: Path, *launch: str, args: tuple[str, ...] = (), json_out: bool = True,
                  ) -> tuple[int, dict, str, str]:
-    """``check --resume-at K ARGS -- LAUNCH``; (exit code, the JSON document: stdout's, else check.json's, stdout,
-    stderr)."""
+    """``check --resume-at K ARGS -- LAUNCH``, in this process (tests/inprocess.py); (exit code, the JSON document:
+    stdout's, else check.json's, stdout, stderr)."""
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--resume-at", str(K), "--out", str(out),
-                        *(["--json"] if json_out else []), *args, "--", *launch],
-                       capture_output=True, text=True, timeout=LIMIT_S, cwd=tmp_path)
+    p = torchrepro("check", "--resume-at", str(K), "--out", str(out), *(["--json"] if json_out else []), *args, "--",
+                   *launch, timeout=LIMIT_S, cwd=tmp_path)
     if json_out:
         doc = json.loads(p.stdout)
     else:

@@ -1,8 +1,9 @@
 """ReproducibleCallback with real Lightning on CPU: a mid-epoch save + fit(ckpt_path=...) continues bit for bit.
 
-Every training whose digest is compared runs in a fresh process (tests/scripts/lightning_train.py: 2 workers with
+Every training whose digest is compared runs in a new process (tests/scripts/lightning_train.py: 2 workers with
 augmentation from torch/NumPy/random, dropout, Adam + StepLR, validation every 4 batches), all of them started by
-one module-scoped fixture (the savers at once, each resumer as soon as its saver is done). The error cases
+one module-scoped fixture (the savers at once, each resumer as soon as its saver is done), forked from processes
+that imported Lightning once (tests/preloaded.py). The error cases
 resume those checkpoints in this process: they fail before the first training step.
 """
 
@@ -12,7 +13,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torchrepro
+from tests.preloaded import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "lightning_train.py"
@@ -56,32 +57,15 @@ class Run:
         return {int(step): loss for step, loss in pairs}
 
 
-def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _pipeline(pairs: dict[str, tuple[list[str], list[str]]], cwd: Path, timeout: float = 900) -> dict[str, Run]:
-    """Every pair (saver args, resumer args): all savers at once, each resumer as soon as its saver is done."""
-    runs: dict[str, Run] = {}
-    active = {name: (_start(saver, cwd), f"{name}_resumed", resumer) for name, (saver, resumer) in pairs.items()}
-    deadline = time.monotonic() + timeout
-    while active:
-        for name, (proc, then, args) in list(active.items()):
-            if proc.poll() is None:
-                continue
-            out, err = proc.communicate()
-            runs[name] = Run(proc.returncode, out, err)
-            del active[name]
-            if then:
-                active[then] = (_start(args, cwd), "", [])
-        if time.monotonic() > deadline:
-            for proc, _, _ in active.values():
-                proc.kill()
-            raise TimeoutError(f"lightning runs still going after {timeout} s: {sorted(active)}")
-        time.sleep(0.2)
-    return runs
+    """Every pair (saver args, resumer args): all savers at once, each resumer as soon as its saver is done. Each
+    run is a new process, forked from one that imported Lightning (tests/preloaded.py): importing it took most of
+    each run's CPU time."""
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    ended = pipeline({name: [str(SCRIPT), *saver] for name, (saver, _) in pairs.items()},
+                     {f"{name}_resumed": (name, [str(SCRIPT), *resumer]) for name, (_, resumer) in pairs.items()},
+                     modules=["lightning.pytorch"], env=env, cwd=cwd, logs=cwd / "logs", timeout=timeout)
+    return {name: Run(e.rc, e.stdout, e.stderr) for name, e in ended.items()}
 
 
 @pytest.fixture(scope="module")

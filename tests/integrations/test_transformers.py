@@ -1,8 +1,9 @@
 """ReproducibleCallback: a transformers.Trainer resumed mid-epoch, with 2 DataLoader workers whose dataset and
 collator draw random numbers, ends bitwise where the uninterrupted run ends; a resume that cannot is refused.
 
-Every training runs in a fresh process (tests/scripts/hf_train.py); the runs are shared through module fixtures
-and run two at a time. The torchrun test is marked ``slow`` (``-m "not slow"`` leaves it out).
+Every training runs in a new process (tests/scripts/hf_train.py); the runs are shared through module fixtures
+and run two at a time, forked from processes that imported transformers once (tests/preloaded.py). The torchrun
+test is marked ``slow`` (``-m "not slow"`` leaves it out).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from tests.preloaded import pipeline  # noqa: E402
 from torchrepro._core.errors import CheckpointError  # noqa: E402
 from torchrepro.integrations.transformers import (  # noqa: E402
     ReproducibleCallback,
@@ -38,21 +39,26 @@ SCRIPTS = ROOT / "tests" / "scripts"
 RESUMED = ["--save-steps", "100"]  # a resumed run saves nothing
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+def _stdout(what: str, rc: int, stdout: str, stderr: str) -> str:
+    assert rc in (0, 3), f"{what} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    return stdout
+
+
 def _python(script: str, *options: str) -> str:
     """The stdout of ``python SCRIPT OPTIONS`` (a script of tests/scripts, or ``-m``), run in tests/scripts."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     command = [script] if script == "-m" else [str(SCRIPTS / script)]
     proc = subprocess.run([sys.executable, *command, *options], capture_output=True, text=True,
-                          env=env, timeout=600, cwd=str(SCRIPTS))
-    assert proc.returncode in (0, 3), (f"{script} {' '.join(options)} failed:\n{proc.stdout[-2000:]}\n"
-                                       f"{proc.stderr[-4000:]}")
-    return proc.stdout
+                          env=_env(), timeout=600, cwd=str(SCRIPTS))
+    return _stdout(f"{script} {' '.join(options)}", proc.returncode, proc.stdout, proc.stderr)
 
 
-def _train(*options: str) -> dict:
+def _parse(options: tuple[str, ...], stdout: str) -> dict:
     """The RESULT of hf_train.py, or ``{"error": ...}`` when train() raised (each test says which it expects)."""
-    out = _python("hf_train.py", *options)
-    line = [ln for ln in out.splitlines() if ln.startswith(("RESULT ", "ERROR "))][-1]
+    line = [ln for ln in stdout.splitlines() if ln.startswith(("RESULT ", "ERROR "))][-1]
     kind, _, doc = line.partition(" ")
     return json.loads(doc) if kind == "RESULT" else {"error": f"hf_train.py {' '.join(options)}: {doc}"}
 
@@ -62,10 +68,17 @@ def _result(runs: dict[str, dict], name: str) -> dict:
     return runs[name]
 
 
-def _parallel(jobs: dict[str, tuple[str, ...]]) -> dict[str, dict]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_train, *options) for name, options in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
+def _pipeline(first: dict[str, tuple[str, ...]], then: dict[str, tuple[str, tuple[str, ...]]], logs: Path,
+              on_end=None) -> dict[str, dict]:
+    """hf_train.py with each of ``first``'s options and, when the run it names has ended, ``then``'s; two at a time.
+    Each run is a new process, forked from one that imported transformers (tests/preloaded.py)."""
+    script = str(SCRIPTS / "hf_train.py")
+    ended = pipeline({name: [script, *options] for name, options in first.items()},
+                     {name: (after, [script, *options]) for name, (after, options) in then.items()},
+                     modules=["transformers"], env=_env(), cwd=SCRIPTS, logs=logs, parallel=2, on_end=on_end)
+    options = {**first, **{name: options for name, (_, options) in then.items()}}
+    return {name: _parse(options[name], _stdout(f"hf_train.py {' '.join(options[name])}", e.rc, e.stdout, e.stderr))
+            for name, e in ended.items()}
 
 
 @pytest.fixture(scope="module")
@@ -77,24 +90,27 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runs(root: Path) -> dict[str, dict]:
     """Uninterrupted runs and their resumes: without the callback, and with it (by path, by True, elsewhere)."""
     native, straight, global_rng = root / "native", root / "straight", root / "global"
-    first = _parallel({
+
+    def ended(name: str) -> None:
+        if name == "straight":
+            shutil.copytree(straight / "checkpoint-7", root / "by_true" / "checkpoint-7")
+            (root / "by_true" / "checkpoint-7" / "rng_state.pth").unlink()  # so only the callback restores the RNGs
+
+    return _pipeline({
         "native": ("--out", str(native), "--save-steps", "4"),
         "straight": ("--out", str(straight), "--callback", "--save-steps", "1"),
         "global": ("--out", str(global_rng), "--callback", "--save-steps", "7", "--global-rng-sampler"),
-    })
-    shutil.copytree(straight / "checkpoint-7", root / "by_true" / "checkpoint-7")
-    (root / "by_true" / "checkpoint-7" / "rng_state.pth").unlink()  # so only the callback restores the RNGs
-    second = _parallel({
-        "native_resumed": ("--out", str(native), "--resume", str(native / "checkpoint-4"), *RESUMED),
+    }, {
+        "native_resumed": ("native", ("--out", str(native), "--resume", str(native / "checkpoint-4"), *RESUMED)),
         # checkpoint-3: mid-epoch 0, 3 batches trained, so each worker carries the other's stream
-        "by_path": ("--out", str(straight), "--callback", "--resume", str(straight / "checkpoint-3"), *RESUMED),
+        "by_path": ("straight", ("--out", str(straight), "--callback", "--resume", str(straight / "checkpoint-3"),
+                                 *RESUMED)),
         # checkpoint-7: mid-epoch 1 (5 batches an epoch), without Trainer's rng_state.pth
-        "by_true": ("--out", str(root / "by_true"), "--callback", "--resume", "true", *RESUMED),
+        "by_true": ("straight", ("--out", str(root / "by_true"), "--callback", "--resume", "true", *RESUMED)),
         # outside output_dir, named through callback.resume_from(); the sampler draws from the global RNG
-        "global_resumed": ("--out", str(root / "elsewhere"), "--callback", "--global-rng-sampler",
-                           "--resume-from", str(global_rng / "checkpoint-7"), *RESUMED),
-    })
-    return {**first, **second}
+        "global_resumed": ("global", ("--out", str(root / "elsewhere"), "--callback", "--global-rng-sampler",
+                                      "--resume-from", str(global_rng / "checkpoint-7"), *RESUMED)),
+    }, root / "logs", on_end=ended)
 
 
 def test_native_resume_differs_after_the_checkpoint(runs: dict[str, dict]) -> None:

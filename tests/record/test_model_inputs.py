@@ -6,8 +6,6 @@ from __future__ import annotations
 import gc
 import json
 import pickle
-import subprocess
-import sys
 import warnings
 import weakref
 from pathlib import Path
@@ -17,6 +15,7 @@ import torch
 from torch import nn
 
 import torchrepro
+from tests.inprocess import torchrepro as in_process
 from torchrepro.analysis.compare import compare_runs
 from torchrepro.record.store import MODEL_INPUTS, load_run
 
@@ -24,9 +23,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hand_batches.py"
 
 
 def check(tmp_path: Path, *script_args: str) -> tuple[int, dict, str]:
+    """`check --json` of the script, in this process (tests/inprocess.py)."""
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), "--", "python",
-                        str(SCRIPT), "--steps", "3", *script_args], capture_output=True, text=True, timeout=600)
+    p = in_process("check", "--json", "--out", str(out), "--", "python", str(SCRIPT), "--steps", "3", *script_args,
+                   timeout=600)
     return p.returncode, json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
 from torchrepro.analysis.compare import CheckResult
 from torchrepro.record.workdir import WorkdirWatch, walk
 
@@ -59,8 +60,8 @@ ADVICE = ("Delete those files before each run, point the script's output elsewhe
 
 
 def check(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", "check", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env=ENV)
+    """`torchrepro check ARGS` in ``cwd``, in this process (tests/inprocess.py)."""
+    return torchrepro("check", *args, timeout=600, cwd=cwd, env={"PYTHONPATH": ENV["PYTHONPATH"]})
 
 
 @pytest.fixture
@@ -77,7 +78,8 @@ def test_a_run_that_resumes_from_the_previous_runs_snapshot_is_named(project):
     assert ("Cause: shared-working-directory - The runs shared the working directory and a later run read what "
             "an earlier one wrote there: run 2 opened snapshot.pt (created by run 1). The runs did not start "
             "from the same state, so this comparison does not show whether the script is reproducible.") in p.stdout
-    assert f"Next:  {ADVICE}" in p.stdout
+    # Next names this check's own command with --fresh-cwd added, ready to paste
+    assert f"Next:  {ADVICE.replace('--fresh-cwd -- ...', '--fresh-cwd -- python train.py')}" in p.stdout
     assert "initial-weights" not in p.stdout and "cache.txt" not in p.stdout
     doc = json.loads((project / "out" / "check.json").read_text())
     wd = doc["working_directory"]
