@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .._core.errors import BatchInvarianceError
-from .._core.table import printable, render_table
+from .._core.table import render_table
 from .invariance import (
     DEFAULT_POSITIONS,
     SCHEMA,
@@ -31,6 +31,7 @@ from .invariance import (
     _first_line,
     _num,
     check_batch_invariance,
+    closing,
     fix_for,
 )
 from .tensordelta import tensor_delta
@@ -180,11 +181,7 @@ class GenerationResult:
             lines += [line for line in body[3:] if not line.startswith("Fix: ")]
             while lines and not lines[-1].strip():
                 lines.pop()
-        lines += [f"Note: {n}" for n in self.notes]
-        fix = self.fix()
-        if fix:
-            lines += ["", f"Fix: {fix}"]
-        return printable("\n".join(lines)).replace("\\n", "\n")
+        return closing(lines, self.notes, self.fix())
 
     def __str__(self) -> str:
         return self.summary()

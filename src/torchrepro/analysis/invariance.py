@@ -306,11 +306,7 @@ class BatchInvarianceResult:
                 lines.append(f"  {op.note}")
         if self.first_op is None and self.locate_note:
             lines += ["", f"Locate: {self.locate_note}"]
-        lines += [f"Note: {n}" for n in self.notes]
-        fix = self.fix()
-        if fix:
-            lines += ["", f"Fix: {fix}"]
-        return printable("\n".join(lines)).replace("\\n", "\n")
+        return closing(lines, self.notes, self.fix())
 
     def __str__(self) -> str:
         return self.summary()
@@ -748,3 +744,11 @@ def _sizes(op: VariantOp, ref: RowTrace, traces: dict[int, RowTrace]) -> None:
             op.varies_at.append(size)
         elif varies is False:
             op.invariant_at.append(size)
+
+
+def closing(lines: list[str], notes: Sequence[str], fix: str | None) -> str:
+    """A summary's text: ``lines``, then its notes and its fix, printable (control characters escaped)."""
+    lines = [*lines, *(f"Note: {n}" for n in notes)]
+    if fix:
+        lines += ["", f"Fix: {fix}"]
+    return printable("\n".join(lines)).replace("\\n", "\n")
