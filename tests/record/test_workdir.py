@@ -199,8 +199,9 @@ def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path)
     (tmp_path / "before.txt").write_text("b")
     code = textwrap.dedent("""
         import json, os, time
-        from torchrepro.record.workdir import ReadAudit
-        audit = ReadAudit(time.time_ns()).install()
+        from torchrepro.record.workdir import ReadAudit, fs_now_ns
+        time.sleep(0.02)  # before.txt's ctime is a tick or more before the start
+        audit = ReadAudit(fs_now_ns()).install()  # file times come from the kernel's coarse clock
         open("new.txt", "w").write("n")
         open("new.txt").read()
         open("before.txt").read()

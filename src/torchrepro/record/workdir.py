@@ -36,6 +36,14 @@ SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".py
                        ".tox", "node_modules", "torchrepro-runs"})
 MARGIN_NS = 2_000_000_000  # file times come from a coarse clock: watch from a little before the check started
 SHOWN = 5
+
+
+def fs_now_ns() -> int:
+    """Now, as the kernel stamps file times: its coarse clock where it has one (Linux), which can lag
+    ``time.time_ns()`` by a tick; a file made after this call never has an earlier ctime."""
+    coarse = getattr(time, "CLOCK_REALTIME_COARSE", None)
+    return time.clock_gettime_ns(coarse) if coarse is not None else time.time_ns()
+
 READS_KEY = "workdir_reads"  # the child's summary (manifest) field
 _IMPORTLIB = frozenset({"importlib._bootstrap_external", "_frozen_importlib_external"})
 
@@ -49,7 +57,7 @@ class ReadAudit:
         self.root = os.getcwd()
         self.prefix = self.root.rstrip(os.sep) + os.sep
         self.since_ns = since_ns
-        self.started_ns = time.time_ns()
+        self.started_ns = fs_now_ns()
         self.read: dict[str, dict[str, bool]] = {"opened": {}, "listed": {}}
         self.truncated = False
         self._seen: set[tuple[str, str]] = set()
