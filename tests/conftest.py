@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,33 @@ EXAMPLES = ROOT / "examples"
 # `python` in the commands that tests pass to `torchrepro check -- python ...` is looked up on PATH: make it
 # this interpreter, as an activated virtual environment would.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+
+def _modules_with_module_fixtures() -> set[str]:
+    """The test modules (as in test ids) that define a module-scoped fixture: recorded runs, a check, a bisect."""
+    return {path.relative_to(ROOT).as_posix() for path in (ROOT / "tests").rglob("test_*.py")
+            if re.search(r"""scope\s*=\s*["']module["']""", path.read_text(encoding="utf-8"))}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` (``make test``): the tests of a module with a module-scoped fixture go to one worker,
+    which builds the fixture once; every other test goes to whichever worker is free, one at a time. (``--dist
+    load`` sends chunks of consecutive tests: a module split between the workers built its fixture on each, up to a
+    minute of training runs. pytest-xdist's own loadgroup reads ``xdist_group`` marks into the test ids, which
+    pytest 9's ids no longer take: without this hook it groups nothing.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    grouped = _modules_with_module_fixtures()
+
+    class ModuleFixtureGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in grouped else super()._split_scope(nodeid)
+
+    return ModuleFixtureGroups(config, log)
 
 
 @pytest.fixture(autouse=True)

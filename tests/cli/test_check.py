@@ -94,6 +94,20 @@ def test_text_summary_and_three_runs(tmp_path):
     assert "Stopped: run 3 stopped 5 steps after its first divergence (step 0), after step 5" in p.stdout
 
 
+def test_an_identical_verdict_says_what_its_number_of_runs_rules_out(tmp_path):
+    """A race that makes 1 run in 4 differ passes 2 runs 75% of the time: IDENTICAL says so, for the runs given."""
+    p = torchrepro("check", "--runs", "3", "--seed", "0", "--max-steps", "2", "--out", str(tmp_path / "o"), "--",
+                   "python", str(EXAMPLES / "unseeded_init.py"), timeout=600)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("torchrepro: IDENTICAL - 3 runs of")
+    assert lines[1] == ("Sure:  3 runs rule out a difference in every run, not a rare one: a race that makes 1 run "
+                        "in 4 differ passes 3 runs 56% of the time (1 in 10: 81%). Use --runs 10 (a 1-in-4 race "
+                        "passes 8% of the time) before relying on it.")
+    d = torchrepro("diff", str(tmp_path / "o" / "run1"), str(tmp_path / "o" / "run2"), "--out", str(tmp_path / "d"))
+    assert d.returncode == 0 and "Sure:" not in d.stdout  # two recordings: their number is not the user's choice
+
+
 def test_manual_update_script_is_checked_per_backward(tmp_path):
     rc, doc, err = check(tmp_path, script=str(SCRIPTS / "manual_sgd.py"))
     assert rc == 0, err

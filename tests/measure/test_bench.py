@@ -236,3 +236,19 @@ def test_explain_chooses_its_own_variants(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["bench", "--out", str(out), "--explain", "--variants", "default", "--", *TINY])
     assert rc == 2 and "--explain times its own variants" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_overhead_whose_interval_includes_zero_is_said_to_be_not_significant():
+    """A headline of +765.9% (-11.6% to +2160.0%) read as a cost: the interval includes 0, so it is noise."""
+    times = {"default": [10.0, 90.0, 11.0, 80.0, 12.0, 70.0], "deterministic": [11.0, 85.0, 10.0, 95.0, 13.0, 60.0]}
+    noisy = [_Config(f"fp32 {v}", "fp32", v, [], durations=d) for v, d in times.items()]
+    steady = [_Config(f"fp32 {v}", "fp32", v, [], durations=[b * f for f in (1.0, 1.01, 0.99, 1.0, 1.02, 0.98)])
+              for v, b in (("default", 10.0), ("deterministic", 12.0))]
+    for configs, significant in ((noisy, False), (steady, True)):
+        results = _results(configs)
+        lo, hi = results[1]["overhead_ci"]
+        assert (lo <= 0 <= hi) is (not significant)
+        doc = {"results": results, "builtin": None, "command": ["python", "t.py"], "device": "cpu", "threads": 2,
+               "torch": "2.13", "rounds": 3, "warmup": 0, "steps": 2, "order": ["default"], "notes": []}
+        row = next(line for line in render_bench(doc).splitlines() if line.lstrip().startswith("fp32 deterministic"))
+        assert ("not significant: the interval includes 0" in row) is (not significant), row

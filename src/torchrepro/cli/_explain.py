@@ -44,8 +44,19 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
-def _ci(over: float | None, ci: Any) -> str:
-    return "-" if over is None else f"{_pct(over)} ({_pct(ci[0])} to {_pct(ci[1])})"
+def overhead_text(over: float | None, ci: Any) -> str:
+    """An overhead and its 95% interval, said to be not significant when the interval includes zero.
+
+    >>> overhead_text(0.052, [0.031, 0.074])
+    '+5.2% (+3.1% to +7.4%)'
+    >>> overhead_text(7.659, [-0.116, 21.6])
+    '+765.9% (-11.6% to +2160.0%; not significant: the interval includes 0)'
+    """
+    if over is None:
+        return "-"
+    lo, hi = ci
+    text = f"{_pct(over)} ({_pct(lo)} to {_pct(hi)}"
+    return text + ("; not significant: the interval includes 0)" if lo <= 0 <= hi else ")")
 
 
 def render_explain(doc: dict[str, Any]) -> str:
@@ -55,7 +66,7 @@ def render_explain(doc: dict[str, Any]) -> str:
     for part in doc["explain"]:
         where = f" ({part['precision']})" if part["precision"] else ""
         rows = [[s["setting"], s["title"],
-                 s["reason"] if s["overhead"] is None else _ci(s["overhead"], s["overhead_ci"])]
+                 s["reason"] if s["overhead"] is None else overhead_text(s["overhead"], s["overhead_ci"])]
                 for s in part["settings"]]
         lines += [f"What each setting of deterministic mode costs{where}: deterministic mode with it vs without "
                   "it, paired runs (95% CI)",
@@ -74,7 +85,7 @@ def render_explain(doc: dict[str, Any]) -> str:
                          "`torchrepro check --locate`).")
             continue
         mine = results[rec["config"]]
-        cost = "baseline (no overhead)" if rec["config"] == part["default"] else _ci(mine["overhead"],
+        cost = "baseline (no overhead)" if rec["config"] == part["default"] else overhead_text(mine["overhead"],
                                                                                      mine["overhead_ci"])
         lines += ["", f"Cheapest configuration still bitwise reproducible{where} (verified by the check above): "
                       f"{rec['summary']}"]
@@ -84,5 +95,5 @@ def render_explain(doc: dict[str, Any]) -> str:
         else:
             lines += ["  in Python: nothing to call", "  CLI:       torchrepro run -- ... (no --deterministic)"]
         lines.append(f"  cost vs {part['default']}: {cost}; full deterministic mode: "
-                     f"{_ci(full['overhead'], full['overhead_ci'])}")
+                     f"{overhead_text(full['overhead'], full['overhead_ci'])}")
     return "\n".join(lines).rstrip()

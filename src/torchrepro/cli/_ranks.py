@@ -24,7 +24,7 @@ from ._checkrun import (
     output_dir,
 )
 from ._options import check_words, determinism_options, kept_values
-from ._render import render
+from ._render import render, sure_line
 
 
 def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:
@@ -87,6 +87,7 @@ def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> st
         lines.append(f"torchrepro: IDENTICAL - {where}, {steps[0]} steps each; on every rank every recorded loss, "
                      "batch, parameter, gradient and optimizer-state tensor is bitwise equal across runs, and the "
                      "ranks' replicas agree at every step.")
+        lines.append(sure_line(runs))
     elif check.verdict == "diverged":
         rank, lead = check.lead
         mesh = check.mesh_text(rank)

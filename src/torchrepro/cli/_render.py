@@ -51,16 +51,45 @@ def headline(result: CheckResult, *, what: str) -> str:
     return line
 
 
+def missed(runs: int, one_in: int) -> float:
+    """The chance that ``runs`` runs all agree although each later run differs from run 1 with chance 1/``one_in``.
+
+    >>> round(missed(2, 4), 2), round(missed(5, 4), 2), round(missed(10, 4), 3)
+    (0.75, 0.32, 0.075)
+    """
+    return (1 - 1 / one_in) ** (runs - 1)
+
+
+def sure_line(runs: int) -> str:
+    """What an IDENTICAL of ``runs`` runs rules out, and what it does not (``check``'s second line).
+
+    >>> line = sure_line(2)
+    >>> line[:66]
+    'Sure:  2 runs rule out a difference in every run, not a rare one: '
+    >>> line[66:]  # doctest: +NORMALIZE_WHITESPACE
+    'a race that makes 1 run in 4 differ passes 2 runs 75% of the time (1 in 10: 90%).
+     Use --runs 10 (a 1-in-4 race passes 8% of the time) before relying on it.'
+    """
+    line = (f"Sure:  {runs} runs rule out a difference in every run, not a rare one: a race that makes 1 run in 4 "
+            f"differ passes {runs} runs {missed(runs, 4):.0%} of the time (1 in 10: {missed(runs, 10):.0%}).")
+    if runs < 10:
+        line += f" Use --runs 10 (a 1-in-4 race passes {missed(10, 4):.0%} of the time) before relying on it."
+    return line
+
+
 def render(result: CheckResult, *, what: str, plot: str | None = None, detail_only: bool = False,
-           report: str | Path | None = None) -> str:
+           report: str | Path | None = None, sure: bool = False) -> str:
     """The summary of a comparison; ``detail_only``: what diverged, how it grew and the notes, without the verdict
-    line, cause, next action, plot and runs (``check --resume-at`` gives its own)."""
+    line, cause, next action, plot and runs (``check --resume-at`` gives its own); ``sure``: under an identical
+    verdict, say what the number of runs rules out (:func:`sure_line`: ``check``, whose runs the user chose)."""
     lines: list[str] = []
     if detail_only:
         if result.verdict != "identical":
             _divergence(result, lines)
     elif result.verdict == "identical":
         lines.append(headline(result, what=what))
+        if sure:
+            lines.append(sure_line(len(result.runs)))
         warning = (result.working_directory or {}).get("warning")
         if warning:
             lines.append(f"Warning: {warning}")

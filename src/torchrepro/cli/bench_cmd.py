@@ -27,7 +27,7 @@ from ..measure.models import BUILTINS, PRECISIONS
 from ..measure.variance import TimeStats, overhead_ci
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
-from ._explain import verify_left_out
+from ._explain import overhead_text, verify_left_out
 from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from ._usage import COMMAND_TAIL, set_usage
@@ -209,15 +209,10 @@ def _bytes(n: int | None, kind: str | None) -> str:
     return f"{size} {'CUDA' if kind == 'cuda-max-allocated' else 'RSS'}"
 
 
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f}%"
-
-
 def render_bench(doc: dict[str, Any]) -> str:
     rows = []
     for r in doc["results"]:
-        over = "baseline" if r["overhead"] is None else \
-            f"{_pct(r['overhead'])} ({_pct(r['overhead_ci'][0])} to {_pct(r['overhead_ci'][1])})"
+        over = "baseline" if r["overhead"] is None else overhead_text(r["overhead"], r["overhead_ci"])
         rows.append([r["config"], f"{r['median_ms']:.2f}", f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}", over,
                      _bytes(r["peak_memory"]["bytes"], r["peak_memory"]["kind"])])
     baseline = doc["results"][0]["variant"]

@@ -99,7 +99,8 @@ def finish(result: CheckResult, out: Path, *, what: str, as_json: bool,
 
     def text(_: str, plot: str | None, report: Path | None) -> str:
         env_text = environment.render(result.verdict) if environment is not None else None
-        return "\n".join([render(result, what=what, plot=plot, report=report),
+        sure = title == "torchrepro check"  # diff compares two recordings: their number is not the user's choice
+        return "\n".join([render(result, what=what, plot=plot, report=report, sure=sure),
                           *(["\n" + env_text] if env_text else []),
                           *([render_locate(located)] if located is not None else [])])
 
