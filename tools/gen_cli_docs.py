@@ -29,7 +29,8 @@ terminal. Exit codes: 0 clean or identical, 1 divergence or findings, 2 usage or
 a file could not be read or written), 3 internal error (a bug in torchrepro), 128+N when stopped by signal N.
 The commands {script_commands} take the training command after their own options: everything from
 the script on belongs to the script, with or without `--`. With `--json`, a command prints exactly one JSON document on
-stdout, failures included.
+stdout, failures included. [Help, typos, shell completion](../cli.md): `--help`'s examples, "did you mean",
+and `torchrepro completion bash|zsh`.
 """
 
 
@@ -95,6 +96,25 @@ def _describe(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     return f"{line}: {text}" if text else line
 
 
+def epilog(text: str) -> list[str]:
+    r"""An epilog as Markdown: its indented lines (example commands) as code blocks, the others as text.
+
+    >>> epilog("Examples:\n  torchrepro check -- python train.py")
+    ['Examples:', '', '```text', 'torchrepro check -- python train.py', '```', '']
+    """
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(" "):
+            if out[-2:] == ["```", ""]:
+                out[-2:] = []  # the next line of the same block
+            else:
+                out.append("```text")
+            out += [line[2:] if line.startswith("  ") else line.lstrip(), "```", ""]
+        elif line.strip():
+            out += [_text(line), ""]
+    return out
+
+
 def _section(parser: argparse.ArgumentParser, title: str, summary: str, level: int) -> list[str]:
     out = [f"{'#' * level} `{title}`", ""]
     if summary:
@@ -111,7 +131,7 @@ def _section(parser: argparse.ArgumentParser, title: str, summary: str, level: i
         out += [f"**{_text(label)}**", ""]
         out += [_describe(parser, a) for a in actions] + [""]
     if parser.epilog:
-        out += [_text(parser.epilog), ""]
+        out += epilog(parser.epilog)
     for name, sub_help, sub in _subcommands(parser):
         out += _section(sub, f"{title} {name}", sub_help, level + 1)
     return out

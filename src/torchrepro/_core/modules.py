@@ -44,6 +44,37 @@ def optimizers_exist() -> bool:
     return any(issubclass(type(o), Optimizer) for o in gc.get_objects())  # type(): no __class__ lookups
 
 
+_IN_OPTIMIZER_STEP: list[ModuleContext] = []  # the installed contexts, told when an optimizer step starts and ends
+_optimizer_hooks: list[Any] = []
+
+
+def _optimizer_hooks_once() -> None:
+    """Register, once per process, the global optimizer-step hooks that tell every installed
+    :class:`ModuleContext` when a step starts and ends.
+
+    A context is installed and removed where a traced range starts and ends, which can be inside an optimizer
+    step's post hooks (the recorder's step boundary). Torch iterates the dict of global optimizer hooks lazily
+    there, so registering or removing one then fails with "OrderedDict mutated during iteration"; a context only
+    joins or leaves the list these two hooks read."""
+    if _optimizer_hooks:
+        return
+
+    def opt_pre(opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        changed = None
+        for ctx in list(_IN_OPTIMIZER_STEP):
+            new = ctx._opt_pre(args, kwargs)
+            if new is not None:
+                changed = new
+                args, kwargs = new
+        return changed
+
+    def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+        for ctx in list(_IN_OPTIMIZER_STEP):
+            ctx._opt_post()
+
+    _optimizer_hooks.extend([register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)])
+
+
 class ModuleContext:
     """Global hooks that say, while an op runs, which module's forward it is in and whether an optimizer step is.
 
@@ -56,6 +87,7 @@ class ModuleContext:
     """
 
     def __init__(self, name_of: Callable[[nn.Module], str]) -> None:
+        _optimizer_hooks_once()  # now, outside any optimizer step (install may run inside one)
         self.name_of = name_of
         self.stack: list[str] = []
         self.in_optimizer = 0
@@ -74,18 +106,19 @@ class ModuleContext:
             if self.stack:
                 self.stack.pop()
 
-        def opt_pre(opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-            self.in_optimizer += 1
-            return self._closure_outside(args, kwargs)
-
-        def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
-            self.in_optimizer = max(0, self.in_optimizer - 1)
-
         mm = torch.nn.modules.module
         self._handles = [mm.register_module_forward_pre_hook(pre),
-                         mm.register_module_forward_hook(post, always_call=True),  # pops after an exception too
-                         register_optimizer_step_pre_hook(opt_pre), register_optimizer_step_post_hook(opt_post)]
+                         mm.register_module_forward_hook(post, always_call=True)]  # pops after an exception too
+        _optimizer_hooks_once()
+        _IN_OPTIMIZER_STEP.append(self)
         return self
+
+    def _opt_pre(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        self.in_optimizer += 1
+        return self._closure_outside(args, kwargs)
+
+    def _opt_post(self) -> None:
+        self.in_optimizer = max(0, self.in_optimizer - 1)
 
     def _closure_outside(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """``optimizer.step(closure)``'s arguments with the closure run outside the optimizer step: the forward
@@ -114,5 +147,7 @@ class ModuleContext:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self in _IN_OPTIMIZER_STEP:
+            _IN_OPTIMIZER_STEP.remove(self)
         self.stack.clear()
         self.in_optimizer = 0

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import json
 import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .._core.errors import InternalError, Interrupted, ReproError
 from .._core.table import printable_lines
 from .._version import __version__
+from ._usage import HelpFormatter
 
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: lint and rule run without importing torch (fast enough for pre-commit hooks).
 COMMANDS = ["run_cmd", "check_cmd", "diff_cmd", "env_cmd", "audit_cmd", "lint_cmd", "rule_cmd", "bench_cmd",
-            "variance_cmd", "scan_cmd", "compare_cmd", "bisect_cmd", "invariance_cmd"]
+            "variance_cmd", "scan_cmd", "compare_cmd", "bisect_cmd", "invariance_cmd", "completion_cmd"]
+NAMES = [name.removesuffix("_cmd") for name in COMMANDS]  # each module's subcommand, known without importing it
 # Options that give a command's JSON another schema, errors included: (command, option) -> schema
 OPTION_SCHEMAS = {("check", "--resume-at"): "torchrepro.check-resume/1"}
 
@@ -32,10 +35,78 @@ class UsageError(ReproError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are raised (so ``--json`` can report them as a JSON document)."""
+    """argparse, but usage errors are raised (so ``--json`` can report them as a JSON document), a mistyped option
+    gets a suggestion, and help keeps example lines as written (:class:`HelpFormatter`). Subcommands' parsers are
+    of this class too (argparse makes them of their parent's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message}")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if not hasattr(parsed, _CHOSEN):  # the deepest subcommand parses first: its parser is the one kept
+            setattr(parsed, _CHOSEN, self)
+        return parsed, extras
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        chosen = vars(parsed).pop(_CHOSEN, self)  # the parser of the subcommand given (`env diff`'s for env diff)
+        if extras:
+            raise UsageError(f"{chosen.prog}: error: unrecognized arguments: {' '.join(extras)}"
+                             + did_you_mean(extras, long_options(chosen)))
+        return parsed
+
+
+_CHOSEN = "_torchrepro_parser"  # set on the namespace while parsing: the parser of the subcommand given
+
+
+def long_options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every ``--option`` of ``parser``, in definition order."""
+    return [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+
+
+def did_you_mean(words: Sequence[str], options: Sequence[str]) -> str:
+    """``"; did you mean --max-steps?"`` for the mistyped long options among ``words`` (empty if none is close).
+
+    >>> did_you_mean(["--max-stepz", "3"], ["--runs", "--max-steps"])
+    '; did you mean --max-steps?'
+    """
+    close = [match for word in words if word.startswith("--")
+             for match in difflib.get_close_matches(word.split("=", 1)[0], options, n=1)]
+    return f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
+
+
+def unknown_command(word: str) -> str:
+    """What ``torchrepro WORD`` says when WORD is no command: the closest command, else the list.
+
+    >>> unknown_command("chek")
+    "torchrepro: unknown command 'chek'. Did you mean 'check'? (torchrepro --help lists the commands)"
+    """
+    close = difflib.get_close_matches(word, NAMES, n=2)
+    if close:
+        suggestion = " or ".join(f"'{name}'" for name in close)
+        return (f"torchrepro: unknown command '{word}'. Did you mean {suggestion}? "
+                "(torchrepro --help lists the commands)")
+    script = f"python {word}" if word.endswith(".py") else "python train.py"
+    hint = (f" To check a script, name the command first: torchrepro check -- {script}."
+            if word.endswith(".py") or os.path.basename(word).startswith("python") else "")
+    return f"torchrepro: unknown command '{word}'; expected one of: {', '.join(NAMES)}.{hint}"
+
+
+EXAMPLES = """\
+Examples:
+  torchrepro check -- python train.py                          # two runs, compared bit for bit
+  torchrepro check --locate --max-steps 5 -- python train.py   # the first nondeterministic op, and its line
+  torchrepro lint train.py                                     # pitfalls found without running anything
+  torchrepro check --help                                      # one command's options and examples
+
+Shell completion: torchrepro completion bash (or zsh); see `torchrepro completion --help`."""
 
 
 def build_parser(only: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -43,6 +114,7 @@ def build_parser(only: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="torchrepro",
         description="Make PyTorch training bitwise reproducible, prove it, and find where it is not.",
+        epilog=EXAMPLES,
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -92,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _argv[:] = argv
     first = next((word for word in argv if not word.startswith("-")), None)
-    # Only the named subcommand's module is imported (the others may import torch); --help and typos get all.
+    if first is not None and first not in NAMES:  # a typo: said before importing every command (and torch)
+        return _fail(None, _wants_json(argv), "", unknown_command(first), 2)
+    # Only the named subcommand's module is imported (the others may import torch); --help gets them all.
     parser = build_parser([f"{first}_cmd"] if first is not None and f"{first}_cmd" in COMMANDS else None)
     as_json = _wants_json(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None

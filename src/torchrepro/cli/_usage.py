@@ -46,3 +46,20 @@ _KEEP = "\xa0"  # a space that textwrap does not break at (it splits on ASCII wh
 def set_usage(parser: argparse.ArgumentParser, prog: str, tail: str, *, leave_out: tuple[str, ...] = ()) -> None:
     """Give ``parser`` the usage line of :func:`usage_line` (call it after the last ``add_argument``)."""
     parser.usage = usage_line(parser, prog, tail, leave_out=leave_out)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, except that a line of a description or epilog that starts with a space (an example command)
+    is kept as it is written; every other line is wrapped as usual. ``--help`` of every command uses it::
+
+        Examples:
+          torchrepro check -- python train.py        # kept on its own line, never joined to the next
+    """
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(self._fill_line(line, width, indent) for line in text.splitlines())
+
+    def _fill_line(self, line: str, width: int, indent: str) -> str:
+        if not line.strip():
+            return ""
+        return indent + line if line.startswith(" ") else super()._fill_text(line, width, indent)

@@ -27,13 +27,20 @@ from ._report import html_fields, html_option, write_html_option
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro audit
+  torchrepro audit --html audit.html -- python train.py"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("audit", help="judge the reproducibility checklist here, or for a script at its first step",
                        usage="torchrepro audit [--json] [--html PATH] [-- python train.py [ARGS]]",
                        description="Evaluate the reproducibility checklist (RNG seeds, DataLoader workers, cuDNN/"
                        "cuBLAS algorithm choice, collective communication, mixed precision, hardware). With a "
                        "command, run it to its first training step and audit what it set up. Exit 0 clean, 1 "
-                       "findings, 2 usage error or a script that fails before its first step.")
+                       "findings, 2 usage error or a script that fails before its first step.",
+                       epilog=EXAMPLES)
     add_json_option(p)
     html_option(p, "the checklist")
     p.add_argument("user_command", nargs=argparse.REMAINDER, metavar="-- python train.py [ARGS]",

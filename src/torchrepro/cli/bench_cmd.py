@@ -79,8 +79,19 @@ def _list_arg(known: Any, what: str) -> Any:
     return parse
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro bench -- python train.py
+  torchrepro bench --explain --steps 10 -- python train.py   # the cost of each setting; the cheapest bitwise one
+  torchrepro bench --builtin resnet18 --precisions fp32"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="time a training script's steps under default and deterministic settings")
+    p = sub.add_parser("bench", help="time a training script's steps under default and deterministic settings",
+                       description="Time a training script's steps under default and deterministic settings, in "
+                                   "alternating rounds, and report what determinism costs per step with its confidence"
+                                   " interval.",
+                       epilog=EXAMPLES)
     p.add_argument("--steps", type=positive_int, default=20, metavar="K", help="timed steps per run (default 20)")
     p.add_argument("--warmup", type=warmup_arg, default=5, metavar="W",
                    help="steps before timing starts in each run (default 5, at least 1)")

@@ -52,9 +52,20 @@ EXIT = {"found": 0, "ambiguous": 0, "none-differs": 1}
 VERDICT_OF = {"identical": "good", "equivalent": "good", "diverged": "bad"}  # compare's verdict -> bisect's
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro bisect --good v1.2 -- python train.py
+  torchrepro bisect --good v1.2 --bad HEAD --max-steps 5 --rtol 1e-6 -- python train.py"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("bisect", help="find the first commit whose run differs from a good commit's (git worktrees; "
-                                      "your checkout is never touched)")
+                                      "your checkout is never touched)",
+                       description="Find the first commit between --good and --bad whose run differs from the good "
+                                   "commit's: each commit runs the command in its own git worktree (your checkout is "
+                                   "never touched), and the first bad commit and its parent are traced to name the op "
+                                   "and source line.",
+                       epilog=EXAMPLES)
     p.add_argument("--good", required=True, metavar="REV", help="a commit whose run is the reference")
     p.add_argument("--bad", default="HEAD", metavar="REV", help="a later commit whose run differs (default HEAD)")
     add_tolerance_options(p)

@@ -41,8 +41,21 @@ if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported i
 DEFAULT_STEPS_AFTER = 5  # steps a diverged run records after its first divergence (check --steps-after-divergence)
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro check -- python train.py                           # two runs, compared bit for bit
+  torchrepro check --max-steps 20 -- python train.py --lr 0.1   # from the script on, the words are the script's
+  torchrepro check --locate -- python -m torchrepro.examples.scatter_gnn   # the first nondeterministic op
+  torchrepro check --seed 0 --deterministic --runs 3 -- python train.py
+  torchrepro check --resume-at 5 -- python train.py             # does resuming after step 5 change anything?"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit")
+    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
+                       description="Run a training script N times (default 2) and compare the runs step by step, bit "
+                                   "for bit: the first divergent step, what diverged first, the likely cause and what "
+                                   "to do next. Exit codes: 0 identical, 1 diverged, 2 usage error or failed script.",
+                       epilog=EXAMPLES)
     p.add_argument("--runs", type=runs_arg, default=2, help="how many runs to compare (at least 2; default 2)")
     p.add_argument("--resume-at", type=positive_int, metavar="K",
                    help="prove resume: run 1 trains straight through; run 2 checkpoints after step K, stops, and a "

@@ -70,9 +70,22 @@ def add_tolerance_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=tolerance_arg, metavar="A", help="absolute tolerance (see --rtol)")
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro compare 'python train.py' 'python train.py --compile'
+  torchrepro compare --rtol 1e-4 'python train.py' 'python train.py --amp'
+  torchrepro compare 'OMP_NUM_THREADS=1 python train.py' 'OMP_NUM_THREADS=2 python train.py'
+  torchrepro compare --locate --max-steps 5 'python train.py' 'python train.py --reverse'"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("compare", help="run two different commands and compare them step by step (bitwise or "
-                                       "within a tolerance)")
+                                       "within a tolerance)",
+                       description="Run two different command lines (a flag, a refactor, eager against compiled, other"
+                                   " variables) and compare them step by step, bitwise or within --rtol/--atol; "
+                                   "--locate names the op where they part. Exit codes: 0 identical or within "
+                                   "tolerance, 1 different, 2 usage error or failed command.",
+                       epilog=EXAMPLES)
     p.add_argument("command_a", metavar="CMD_A", help="the first command line, quoted ('python train.py'; "
                    "'VAR=value python train.py' sets a variable; a recorded run directory is used as it is)")
     p.add_argument("command_b", metavar="CMD_B", help="the second command line, quoted")

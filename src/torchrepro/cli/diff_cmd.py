@@ -62,8 +62,20 @@ def recorded_rerun(runs: list[Any]) -> tuple[list[str], list[str]] | None:
     return options, list(command)
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro run --record runs/a -- python train.py
+  torchrepro run --record runs/b -- python train.py
+  torchrepro diff runs/a runs/b
+  torchrepro diff --locate runs/a runs/b      # both recorded with --trace-steps N"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("diff", help="compare two recorded run directories (and their environments)")
+    p = sub.add_parser("diff", help="compare two recorded run directories (and their environments)",
+                       description="Compare two run directories recorded by `torchrepro run --record` step by step, as"
+                                   " check compares its runs, and rank the differences of their environments. Exit "
+                                   "codes: 0 identical, 1 diverged, 2 usage or input error.",
+                       epilog=EXAMPLES)
     p.add_argument("run_a", metavar="RUN_A",
                    help="a run directory; for a run of several nodes recorded into each node's own directory, "
                         "those directories joined by ':' (A_node0:A_node1)")

@@ -27,10 +27,26 @@ _TEXT_SECTIONS = ("python", "platform", "torch_build", "cuda", "accelerators", "
                   "determinism", "precision", "backends", "env", "git", "host")
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro env
+  torchrepro env --json -o here.json
+  torchrepro env diff here.json there.json"""
+DIFF_EXAMPLES = """\
+Examples:
+  torchrepro env --json -o here.json          # on each machine, then:
+  torchrepro env diff here.json there.json
+  torchrepro env diff runs/a runs/b --json    # two recorded runs' environments"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("env", help="show the environment facts that change numerics; `env diff A B` ranks "
                        "the differences between two", usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
-                       "       torchrepro env diff A B [--json]")
+                       "       torchrepro env diff A B [--json]",
+                       description="Show the environment facts that can change numerics: versions, determinism flags, "
+                                   "threads, hardware and variables. `torchrepro env diff A B` ranks the differences "
+                                   "between two environments.",
+                       epilog=EXAMPLES)
     add_json_option(p)
     p.add_argument("-o", "--output", metavar="FILE",
                    help="write the JSON document to FILE instead of printing the table (with --json: print it too)")
@@ -41,7 +57,8 @@ def add_parser(sub: Any) -> None:
     d = actions.add_parser("diff", prog="torchrepro env diff", help="rank the differences between two environments",
                            description="Compare two environments: env JSON files (`torchrepro env --json -o FILE`) "
                            "or run directories (`torchrepro run --record DIR`). Exit 1 when a difference breaks "
-                           "bitwise equality, 0 otherwise, 2 when an input cannot be read.")
+                           "bitwise equality, 0 otherwise, 2 when an input cannot be read.",
+                           epilog=DIFF_EXAMPLES)
     d.add_argument("a", metavar="A", help="env JSON file or run directory")
     d.add_argument("b", metavar="B", help="env JSON file or run directory")
     d.add_argument("--json", action="store_true", default=argparse.SUPPRESS,  # `env --json diff A B` works too

@@ -47,6 +47,13 @@ def rows_arg(text: str) -> list[int]:
     return _int_list(text, minimum=0)
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro invariance --hf ./my-model --prompts prompts.txt
+  torchrepro invariance --hf ./my-model --prompts prompts.txt --batch-invariant   # the same under the fix
+  torchrepro invariance mymodels:build --input batch.pt --sizes 2,8"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "invariance", help="check that a model gives a row (a prompt) the same bits alone as inside any batch",
@@ -57,7 +64,8 @@ def add_parser(sub: Any) -> None:
                     "run-to-run noise is told apart), compare its outputs bitwise, and name the first op whose row "
                     "output depends on the batch, with its module and source line. With --hf: greedy generation "
                     "of each prompt alone and batched (tokens and logits), then the forward pass. Exit codes: 0 "
-                    "invariant, 1 variant, 2 usage or input error.")
+                    "invariant, 1 variant, 2 usage or input error.",
+        epilog=EXAMPLES)
     p.add_argument("target", nargs="?", metavar="MODULE:FUNCTION",
                    help="a function returning the model (imported as `python -c` would: the current directory "
                         "first); it is called as a model is: model(x), model(**dict), model(*tuple)")

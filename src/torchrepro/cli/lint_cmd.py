@@ -30,6 +30,13 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro lint train.py
+  torchrepro lint src/ --select TR1 --format json
+  torchrepro lint --exit-zero .               # report, never fail"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "lint", help="find reproducibility pitfalls in training code (static; exit 1 on findings)",
@@ -37,7 +44,8 @@ def add_parser(sub: Any) -> None:
                     "nondeterministic CUDA ops and cuDNN settings, data order, distributed sampling, checkpoints "
                     "without RNG state. `torchrepro rule CODE` explains a rule. Configuration: "
                     "[tool.torchrepro.lint] in pyproject.toml. Suppress one line with `# torchrepro: noqa: CODE`. "
-                    "Exit codes: 0 clean, 1 findings, 2 usage or configuration error.")
+                    "Exit codes: 0 clean, 1 findings, 2 usage or configuration error.",
+        epilog=EXAMPLES)
     p.add_argument("paths", nargs="*", default=["."], metavar="PATH",
                    help="files and directories to check (default: the current directory)")
     p.add_argument("--format", choices=FORMATS, default="text", action=_FormatAction,

@@ -15,8 +15,18 @@ class UnknownRuleError(ReproError):
     """A rule code or name that no rule has (exit 2)."""
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro rule TR101
+  torchrepro rule unseeded-rng
+  torchrepro rule                             # every rule, one a line"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("rule", help="explain a lint rule (torchrepro rule TR101); without a code, list the rules")
+    p = sub.add_parser("rule", help="explain a lint rule (torchrepro rule TR101); without a code, list the rules",
+                       description="Explain a lint rule: what it finds, why it breaks reproducibility and how to fix "
+                                   "it; without a code, list the rules.",
+                       epilog=EXAMPLES)
     p.add_argument("code", nargs="?", help="a rule code (TR101) or name (unseeded-rng)")
     p.add_argument("--all", action="store_true", help="print the documentation of every rule")
     add_json_option(p)

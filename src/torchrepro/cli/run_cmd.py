@@ -30,8 +30,19 @@ def node_failure(record: str, nnodes: int, node: object) -> str:
             f"{record}.")
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro run --record runs/a -- python train.py
+  torchrepro run --seed 0 --deterministic --max-steps 10 -- python train.py
+  torchrepro run --record runs/a --trace-steps 3 -- python train.py   # keep step 3's op trace, for diff --locate"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording")
+    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording",
+                       description="Run a training script once, as it runs alone, with torchrepro's seeding, "
+                                   "deterministic mode and step limit applied; with --record, record its steps into a "
+                                   "run directory that `torchrepro diff` compares.",
+                       epilog=EXAMPLES)
     p.add_argument("--record", metavar="DIR", help="record the run into this run directory")
     p.add_argument("--keep-values", action="store_true",
                    help="also save parameter values per step (needed for max |Δ weight|)")

@@ -25,6 +25,12 @@ from ._options import add_json_option, positive_int
 _STDERR_FD = 2  # with --json the script's stdout goes to our stderr (a file descriptor: works under any sys.stderr)
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro scan -- python train.py                 # checked for CUDA, even on a CPU-only machine
+  torchrepro scan --device cpu --json -- python train.py"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "scan", help="list the ops of one training step that are nondeterministic on a device (exit 1 if any)",
@@ -32,7 +38,8 @@ def add_parser(sub: Any) -> None:
         description="Run one training step of the script under an op scanner and list each op that would be "
                     "nondeterministic, raise or warn under deterministic mode on the target device -- also when "
                     "the scan itself runs on CPU -- with its module, source line, count and a fix. The script "
-                    "is stopped after the step. Exit codes: 0 clean, 1 found, 2 usage error or failed script.")
+                    "is stopped after the step. Exit codes: 0 clean, 1 found, 2 usage error or failed script.",
+        epilog=EXAMPLES)
     p.add_argument("--device", choices=DEVICES, default="cuda",
                    help="the device kind to check the ops for (default: cuda); the script runs wherever it runs")
     p.add_argument("--steps", type=positive_int, default=1, metavar="N",

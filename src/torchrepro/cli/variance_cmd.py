@@ -34,9 +34,20 @@ def two_or_more(text: str) -> int:
     return value
 
 
+EXAMPLES = """\
+Examples:
+  torchrepro variance -- python train.py
+  torchrepro variance --runs 5 --seeds 5 --max-steps 100 -- python train.py
+  torchrepro variance --metric val_acc --deterministic -- python train.py"""
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("variance", help="same-seed nondeterminism vs seed-to-seed spread, and the smallest "
-                                        "difference two configurations can show")
+                                        "difference two configurations can show",
+                       description="Run the script N times with one seed and M times with different seeds: how much "
+                                   "its final metric moves from nondeterminism alone and from the seed, and the "
+                                   "smallest difference between two configurations that such runs can show.",
+                       epilog=EXAMPLES)
     p.add_argument("--runs", type=two_or_more, default=5, metavar="N", help="runs with one seed (default 5)")
     p.add_argument("--seeds", type=two_or_more, default=5, metavar="M", help="runs with different seeds (default 5)")
     p.add_argument("--seed", type=seed_arg, default=0, help="the seed of the same-seed runs; the others are derived "
