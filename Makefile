@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fingerprint.py
 	$(BIN)/python benchmarks/bench_record_overhead.py
 	$(BIN)/python benchmarks/bench_optrace.py
+	$(BIN)/python benchmarks/bench_tracer_start.py
 	$(BIN)/python benchmarks/bench_check_wall.py
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_lint.py

@@ -152,6 +152,19 @@ def test_the_report_shows_the_verdict_the_tensors_and_both_lines(order):
     assert "Tensors compared by value" in dom and "x tolerance" in dom
     assert "aten.flip" in dom and f"{SCRIPT}:{_line_of('REVERSED-SUM')}" in dom
     assert "<polyline" in dom and network_references(page.read_text()) == []
+    # right under the verdict: what --locate found, on B's side; then (as in check's page) Locate, then the tensors
+    box = dom[dom.index('<div class="next" id="next">'):]
+    box = box[:box.index("</div>")]
+    assert "Found:" in box and f"B <code>aten.flip</code> at <code>{SCRIPT}:{_line_of('REVERSED-SUM')}</code>" in box
+    assert dom.index('id="next"') < dom.index('id="runs"') < dom.index('id="locate"') < dom.index('id="tensors"')
+    # the Locate section is check's op table, not the terminal's text: B's flip (A has none) is the origin row
+    located = dom[dom.index('<section id="locate">'):]
+    located = located[:located.index("</section>")]
+    assert "<pre>" not in located and "<table>" in located
+    origin = located[located.index('<tr class="origin">'):]
+    origin = origin[:origin.index("</tr>")]
+    assert ">- | aten.flip<" in origin and f">- | {_line_of('REVERSED-SUM')}<" in origin
+    assert 'class="effect"' in located and f"{_line_of('FORWARD-SUM')} | {_line_of('REVERSED-SUM')}" in located
 
 
 def test_an_end_state_without_values_is_not_called_equivalent(order, tmp_path, capsys):

@@ -72,10 +72,166 @@ def test_check_writes_a_report_that_the_browser_shows_with_verdict_op_source_and
     assert "DIVERGED" in dom and "at step 1" in dom
     assert "aten.index_put_" in dom and "nondeterministic operation" in dom
     assert html.escape(doc["locate"]["op"]["code"].split("#")[0].strip(), quote=False) in dom  # the source line
-    assert doc["action"] in html.unescape(dom)  # the terminal's Next:, word for word
+    assert doc["locate"]["fix"] in html.unescape(dom)  # the fix, word for word as the terminal prints it
     assert dom.count("<svg") >= 2 and "<polyline" in dom  # the loss curves and the growth of |Δ|
     assert 'class="origin"' in dom  # the origin row of the op table and of the source excerpt
     assert "Tensors where they first differ" in dom
+
+
+def _box(page: str) -> str:
+    """The box right under the verdict (what was found, the fix, the next command)."""
+    start = page.index('<div class="next" id="next">')
+    return page[start:page.index("</div>", start)]
+
+
+def test_the_fix_comes_right_after_the_verdict_before_the_evidence(checked):
+    """The verdict, then what --locate found and the fix; the runs, the op table and the per-tensor table after.
+    The terminal's "See Locate below" is not repeated: the box says what Locate found."""
+    doc, page = checked["doc"], (checked["out"] / "report.html").read_text(encoding="utf-8")
+    box = html.unescape(_box(page))
+    assert f"Fix: {doc['locate']['fix']}" in box.replace("<strong>", "").replace("</strong>", "")
+    assert "Found:" in box and "aten.index_put_" in box and f"{checked['script']}:" in box
+    assert 'href="#locate"' in _box(page)
+    order = [page.index(mark) for mark in ("</header>", 'id="next"', 'id="runs"', 'id="locate"', 'id="tensors"')]
+    assert order == sorted(order), order
+    assert "See Locate below" not in page and page.count("<strong>Fix:</strong>") == 1  # once, at the top
+
+
+def test_every_report_opens_with_the_verdict_then_what_to_do(tmp_path):
+    """compare, bisect and check --resume-at (check's own: the test above): the box comes right after the header,
+    before the first section."""
+    from torchrepro.analysis.compare import CheckResult, Difference
+    from torchrepro.analysis.crossrun import CompareResult
+    from torchrepro.analysis.resumeat import ResumeResult
+    from torchrepro.analysis.tolerance import Tolerance
+    from torchrepro.cli._html.reports import bisect_report, compare_report, resume_report
+    from torchrepro.record.store import Run
+
+    check = CheckResult("diverged", ["a", "b"], "optimizer", [2, 2], first_step=1,
+                        first=[Difference("params", 1, ["w"])], kind_first_steps={"params": 1}, cause="compute",
+                        losses=[[1.0, 0.5], [1.0, 0.6]], loss_delta=[0.0, 0.1], param_delta={0: 0.0, 1: 1e-3})
+    compared = CompareResult(check=check, tolerance=Tolerance(bitwise=True), commands=["python a.py", "python b.py"],
+                             verdict="diverged")
+    sides = [Run(path=tmp_path / side, manifest={}, events=[]) for side in "ab"]
+    resumed = ResumeResult(k=4, comparison=check, trainer="script", checkpoint=None, runs={}, steps={},
+                           cause="rng-state", step=5)
+    pages = {"compare": compare_report(compared, compared.to_json() | {"locate": SIDED}, sides, tmp_path),
+             "bisect": bisect_report({"verdict": "found", "command": "python t.py", "chain": [
+                 {"sha": "a" * 40, "subject": "good", "verdict": "good"},
+                 {"sha": "b" * 40, "subject": "flip the sum", "verdict": "bad"}],
+                 "first_bad_commit": {"sha": "b" * 40, "subject": "flip the sum"}, "locate": SIDED,
+                 "tested": [{"index": 1, "sha": "b" * 40, "subject": "flip the sum", "verdict": "bad"}]},
+                 tmp_path, "torchrepro: FOUND - bbbbbbbbbbbb 'flip the sum'"),
+             "resume": resume_report(resumed, {}, tmp_path, command="`python t.py`",
+                                     text="torchrepro: RESUME DIVERGED at step 5")}
+    for command, page in pages.items():
+        assert page.index("</header>") < page.index('id="next"') < page.index("<section"), command
+    for command in ("compare", "bisect"):
+        box = _box(pages[command])
+        assert "Found:</strong> the programs differ: B runs an op A does not: B <code>aten.flip</code> at " \
+               "<code>/s/b.py:23</code>" in box, command
+    assert "First bad commit:</strong> <code>bbbbbbbbbbbb</code> flip the sum" in _box(pages["bisect"])
+    assert f"Fix:</strong> {html.escape(resumed.fix)}" in _box(pages["resume"]) and resumed.fix
+
+
+SITE = {"phase": "forward", "module": "layers.0.update_gate", "file": "/s/a.py", "step": 1}
+SIDED = {  # compare --locate of `x.sum()` against `x.flip(0).sum()`: B runs an op A does not
+    "verdict": "program", "title": "the programs differ: B runs an op A does not", "traced_steps": [1],
+    "ops_traced": [3, 4], "aligned": {"same": 2, "changed": 1, "deleted": 0, "inserted": 1},
+    "cause": {"row": 1, "kind": "inserted", "a": None, "inputs": None, "outputs": None,
+              "b": {**SITE, "op": "aten.flip", "index": 1, "file": "/s/b.py", "line": 23, "code": "x.flip(0).sum()"}},
+    "op": {"row": 2, "kind": "changed", "inputs": "differ", "outputs": "differ",
+           "a": {**SITE, "op": "aten.sum", "index": 1, "line": 24, "code": "x.sum()"},
+           "b": {**SITE, "op": "aten.sum", "index": 2, "file": "/s/b.py", "line": 23, "code": "x.flip(0).sum()"}},
+    "difference": None, "tolerance": {"bitwise": True}, "tolerance_op": None, "program_differences": [],
+    "context": [
+        {"row": 0, "kind": "same", "mark": "", "inputs": "equal", "outputs": "equal",
+         "a": {**SITE, "op": "aten.mul", "index": 0, "line": 20, "code": "x = w * 2"},
+         "b": {**SITE, "op": "aten.mul", "index": 0, "file": "/s/b.py", "line": 20, "code": "x = w * 2"}},
+        {"row": 1, "kind": "inserted", "mark": "*", "inputs": None, "outputs": None, "a": None,
+         "b": {**SITE, "op": "aten.flip", "index": 1, "file": "/s/b.py", "line": 23, "code": "x.flip(0).sum()"}},
+        {"row": 2, "kind": "changed", "mark": "=>", "inputs": "differ", "outputs": "differ",
+         "a": {**SITE, "op": "aten.sum", "index": 1, "line": 24, "code": "x.sum()"},
+         "b": {**SITE, "op": "aten.sum", "index": 2, "file": "/s/b.py", "line": 23, "code": "x.flip(0).sum()"}}]}
+
+
+def test_compare_locate_is_the_same_op_table_as_checks(tmp_path):
+    """compare's (and bisect's) locate: an op table, the program difference highlighted as the origin, B's op
+    beside A's missing one, the module and both source lines; no terminal dump."""
+    from torchrepro.cli._compare_locate_render import render_compare_locate
+    from torchrepro.cli._html.locate import locate
+
+    markup = str(locate(SIDED, render_compare_locate(SIDED)))
+    assert "<pre>" not in markup and "<table>" in markup
+    rows = markup[markup.index("<tbody>"):].split("<tr")[1:]
+    assert [r[:r.index(">")] for r in rows] == ["", ' class="origin"', ' class="effect"']
+    origin = rows[1]
+    assert '<td data-sort="1">- | 1</td>' in origin and ">- | aten.flip<" in origin and ">- | 23<" in origin
+    assert "layers.<wbr>0.<wbr>update_<wbr>gate" in origin and "<code>x.flip(0).sum()</code>" in origin
+    assert ">24 | 23<" in rows[2] and "<code>A: x.sum()</code><br><code>B: x.flip(0).sum()</code>" in rows[2]
+    assert "Fix:" not in markup  # the fix (when there is one) is in the box under the verdict
+
+
+def test_check_rows_and_compare_rows_give_the_same_table():
+    """One renderer: a check row and the compare row of the same op on both sides give the same cells."""
+    from torchrepro.cli._html.locate import op_table
+
+    site = {**SITE, "op": "aten.index_put_", "index": 7, "line": 19, "code": "out.index_put_(i, m)"}
+    check_row = {"i": 7, "i_other_run": 7, "op": "aten.index_put_", "op_other_run": "aten.index_put_",
+                 "phase": "forward", "module": SITE["module"], "line": 19, "code": "out.index_put_(i, m)",
+                 "inputs_equal": True, "outputs_equal": False, "origin": True}
+    compare_row = {"row": 7, "kind": "same", "a": site, "b": site, "inputs": "equal", "outputs": "differ", "mark": "=>"}
+    body = [str(op_table([r]))[str(op_table([r])).index("<tbody>"):] for r in (check_row, compare_row)]
+    assert body[0] == body[1] and '<tr class="origin">' in body[0] and "≠ differ" in body[0]
+
+
+def test_a_long_module_name_wraps_only_at_dots_and_underscores(tmp_path):
+    """In a narrow column a dotted name breaks after '.' or '_', never inside a word; a table wider than its box
+    scrolls inside the box, not the page."""
+    from torchrepro.cli._html.page import document, name, table, td
+
+    long = "transformer.layers.0.update_gate.linear_projection.weight"
+    word = "x" * 120  # a name with no dot cannot wrap: its table box scrolls
+    # the character before each line break of the name's cell, and the name as the reader's text
+    probe = """
+    var c=document.querySelector('td.name span'),out=[],last=null,text='';
+    var w=document.createTreeWalker(c,NodeFilter.SHOW_TEXT),n;
+    while((n=w.nextNode())){for(var i=0;i<n.length;i++){var r=document.createRange();r.setStart(n,i);
+     r.setEnd(n,i+1);var y=r.getClientRects()[0].top;if(last!==null&&y>last+2)out.push(text.slice(-1));last=y;
+     text+=n.data[i];}}
+    var box=document.querySelectorAll('.tablebox')[1],wrap=document.getElementById('w');
+    document.body.setAttribute('data-breaks',out.join(''));document.body.setAttribute('data-text',text);
+    document.body.setAttribute('data-scrolls',String(box.scrollWidth>box.clientWidth));
+    document.body.setAttribute('data-contained',String(wrap.scrollWidth<=wrap.clientWidth+1));"""
+    page = document("names", ['<div id="w" style="width:130px">', table(["module"], [[td(name(long), cls="name")]]),
+                              table(["module"], [[td(name(word), cls="name")]]), "</div>"])
+    (tmp_path / "names.html").write_text(page.replace("</body>", f"<script>{probe}</script></body>"))
+    dom = dump_dom(tmp_path / "names.html")
+    import re
+
+    breaks = re.search(r'data-breaks="([^"]*)"', dom).group(1)
+    assert f'data-text="{long}"' in dom  # the name reads (and copies) as it is: <wbr> adds no character
+    assert len(breaks) >= 2 and set(breaks) <= {".", "_"}, breaks  # wrapped, and only after a dot or underscore
+    assert 'data-scrolls="true"' in dom and 'data-contained="true"' in dom
+
+
+def test_equal_loss_curves_both_show_and_the_difference_is_drawn():
+    """Two runs with the same loss at every step but the last: run 1 wide and pale under run 2, which is dashed
+    and marked; the growth chart draws |Δ loss| beside |Δ param|."""
+    import re
+
+    from torchrepro.analysis.compare import CheckResult
+    from torchrepro.cli._html.sections import plots
+
+    losses = [[1.0 / k for k in range(1, 31)], [1.0 / k for k in range(1, 30)] + [0.04]]
+    result = CheckResult("diverged", ["a", "b"], "optimizer", [30, 30], first_step=30, cause="compute",
+                         losses=losses, loss_delta=[0.0] * 29 + [abs(0.04 - 1 / 30)], param_delta={30: 1e-3})
+    loss_chart, growth_chart = str(plots(result)).split("</svg>")[:2]
+    lines = re.findall(r"<polyline [^>]*>", loss_chart)
+    assert len(lines) == 2 and 'stroke-width="4.5" stroke-opacity="0.4"' in lines[0]
+    assert 'stroke-dasharray="6 4"' in lines[1] and 'stroke-dasharray' not in lines[0]
+    assert loss_chart.count('fill="none" stroke="var(--s1)" stroke-width="1.4"') >= 10  # run 2's markers
+    assert "max |Δ loss| vs run 1" in growth_chart and "max |Δ param| vs run 1" in growth_chart
 
 
 def test_the_report_references_nothing_outside_itself(checked):
@@ -139,11 +295,11 @@ def test_the_tables_sort_when_a_column_is_clicked(tmp_path):
 
 def test_compare_bisect_and_env_reports_escape_the_same_way():
     """Op names, module names and env values from another machine are escaped in every report."""
-    from torchrepro.cli._html import sections
+    from torchrepro.cli._html.locate import locate
     from torchrepro.cli._html.reports import env_diff_report
 
     evil = f"aten.<script>alert(1)</script>&{ANSI}{BIDI}"
-    loc = sections.locate({"verdict": "origin", "title": "t", "op": {"op": evil, "module": evil, "file": evil,
+    loc = locate({"verdict": "origin", "title": "t", "op": {"op": evil, "module": evil, "file": evil,
                                                                      "line": 3, "code": evil, "phase": "forward"},
                            "op_index": 1, "step": 1, "context": [{"i": 1, "op": evil, "module": evil, "line": 3,
                                                                   "code": evil, "origin": True,
@@ -237,7 +393,7 @@ HOSTILE = {
 def test_each_hostile_string_is_escaped_in_every_place_a_report_shows_recorded_text(name, tmp_path):
     """As a file name, a command, an op and module name, a source line and an env key and value."""
     from torchrepro.analysis.compare import CheckResult, Difference
-    from torchrepro.cli._html import sections
+    from torchrepro.cli._html.locate import locate
     from torchrepro.cli._html.reports import check_report, env_diff_report
 
     raw, shown = HOSTILE[name]
@@ -253,7 +409,7 @@ def test_each_hostile_string_is_escaped_in_every_place_a_report_shows_recorded_t
            "changes": [{"key": raw, "a": raw, "b": None, "rank": "breaks-bitwise", "reason": raw}]}
     pages = [check_report(result, {"locate": located, "environment_diff": env}, [], tmp_path,
                           command=f"`python {raw}.py --tag {raw}`"),
-             env_diff_report(env, a=raw, b=raw, headline=raw), sections.locate(located, raw)]
+             env_diff_report(env, a=raw, b=raw, headline=raw), locate(located, raw)]
     for page in pages:
         body = page[page.find("<body>"):page.rfind("<script>")] if "<body>" in page else page
         assert raw not in body and shown in body, name

@@ -10,18 +10,47 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from .livemodules import live_modules
 
-def discover_models() -> dict[str, nn.Module]:
+
+def discover_models(*, scan: bool = False) -> dict[str, nn.Module]:
     """Root modules alive in this process (modules that are not a submodule of another), named for prefixes.
 
-    One root gets the empty prefix, so its parameters keep their own names (``layer1.0.conv1.weight``).
+    One root gets the empty prefix, so its parameters keep their own names (``layer1.0.conv1.weight``); several
+    are named by class, the larger first among roots of one class (``Net``, ``Linear``, ``Linear2``), and roots
+    of one class and size in the registry's order: those alive at its first use as the heap scan met them, then
+    the others in the order they were made. The modules alive come from the process's registry of modules
+    (``_core/livemodules``: one heap scan at the first call, then nothing in proportion to the heap);
+    ``scan=True`` scans the heap instead, at each call (``gc.get_objects()``: ~0.1 s per million objects), as
+    discovery did before the registry (ties then follow the garbage collector's generations).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2))
+    >>> any(m is net for m in discover_models().values())
+    True
     """
-    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
-    inner: set[int] = set()
-    for m in mods:
-        for sub in m.modules():
-            if sub is not m:
-                inner.add(id(sub))
+    if scan:
+        mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]  # type(): no __class__ lookups
+    else:
+        # not one whose __class__ was set to a non-module since
+        mods = [m for m in live_modules() if issubclass(type(m), nn.Module)]
+    return named_roots(mods)
+
+
+def named_roots(mods: list[nn.Module]) -> dict[str, nn.Module]:
+    """The roots among ``mods`` (those with parameters that are no other module's submodule), named as
+    :func:`discover_models` says; ties (same class, same size) keep the order of ``mods``.
+
+    >>> body = nn.Linear(2, 2)
+    >>> sorted(named_roots([nn.Sequential(body), body, nn.ReLU(), nn.Linear(3, 3)]))
+    ['Linear', 'Sequential']
+    """
+    inner: set[int] = set()  # every module below another, each visited once (not each module's whole subtree)
+    below = [sub for m in mods for sub in m._modules.values() if sub is not None and sub is not m]
+    while below:
+        sub = below.pop()
+        if id(sub) not in inner:
+            inner.add(id(sub))
+            below.extend(s for s in sub._modules.values() if s is not None)
     roots = [m for m in mods if id(m) not in inner and any(True for _ in m.parameters())]
     if len(roots) == 1:
         return {"": roots[0]}

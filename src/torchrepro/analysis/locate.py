@@ -9,26 +9,33 @@ different; such ops are reported as the control flow differing only when they ca
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..control.registry import nondeterministic_ops
 from ..record.opfps import UNINITIALIZED
-from ..record.optrace import EMPTY_OPS, RESIZE_OPS
+from ..record.optrace import COLLECTIVE_PREFIXES, EMPTY_OPS, RESIZE_OPS
 
 # Ops that write none of the memory their output holds: what it holds was there before (fresh memory, a storage
 # handed to ``set_``, the part a ``resize_`` adds, bytes ``as_strided`` reaches past its input). When their
 # outputs differ while their inputs match, the difference is not theirs: those outputs are unknown in both runs
 # (see locate_ops) until an op overwrites them.
 _NO_WRITE_OPS = EMPTY_OPS | RESIZE_OPS | {"aten.set_", "aten._resize_output_", "aten.as_strided",
-                                          "aten.as_strided_"}
+                                          "aten.as_strided_",
+                                          # FSDP2: the all-gather buffer, of which it writes this rank's part only
+                                          "fsdp.all_gather_copy_in"}
 # Ops whose first argument gives only its shape, dtype and device, or is overwritten without being read.
 _FIRST_NOT_READ = frozenset({
     "aten.copy_", "aten.fill_", "aten.zero_", "aten.set_",
     "aten.empty_like", "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.rand_like", "aten.randn_like",
     "aten.randint_like", "aten.new_empty", "aten.new_empty_strided", "aten.new_zeros", "aten.new_ones",
     "aten.new_full",
+    # collectives whose first tensor is the output buffer they fill (FSDP2's all-gather and reduce-scatter)
+    "c10d._allgather_base_", "c10d._reduce_scatter_base_",
 })
+# Ops whose last tensor argument is a buffer they write without reading it (FSDP2's all-gather output).
+_LAST_NOT_READ = frozenset({"fsdp.all_gather_copy_in"})
 
 # What torch.use_deterministic_algorithms(True) does for ops known to be nondeterministic, per device, taken
 # from the op list in PyTorch's documentation of that function. "deterministic": a deterministic kernel is
@@ -141,12 +148,20 @@ class LocateResult:
     context: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def from_other_rank(self) -> bool:
+        """An origin that is a collective: identical inputs here, other values received from another rank."""
+        return self.verdict == "origin" and bool(self.op_a) and self.op_a["op"].startswith(COLLECTIVE_PREFIXES)
+
+    @property
     def title(self) -> str:
-        return VERDICTS[self.verdict]
+        return "another rank's difference, received through a collective" if self.from_other_rank else \
+            VERDICTS[self.verdict]
 
     @property
     def deterministic_kernel(self) -> str | None:
-        return deterministic_kernel(self.op_a["op"], self.device) if self.verdict == "origin" and self.op_a else None
+        if self.verdict != "origin" or not self.op_a or self.from_other_rank:
+            return None
+        return deterministic_kernel(self.op_a["op"], self.device)
 
     @property
     def alternatives(self) -> list[str]:
@@ -156,6 +171,11 @@ class LocateResult:
     def fix(self) -> str:
         op = self.op_a["op"] if self.op_a else ""
         where = f" ({_where(self.op_a)})" if self.op_a else ""
+        if self.from_other_rank:
+            return (f"{op}{where} received other values from another rank while this rank's inputs were identical: "
+                    "the difference began on another rank. Locate it there: compare that rank's directories "
+                    "(`torchrepro diff --locate RUN_A/rankN RUN_B/rankN`), starting with the rank whose verdict "
+                    "names the earliest step.")
         if self.verdict == "origin":
             alts = self.alternatives
             instead = f" Deterministic without global deterministic mode: {'; '.join(alts)}." if alts else ""
@@ -163,9 +183,15 @@ class LocateResult:
                 return (f"{op} has no deterministic kernel on {self.device}: replace it{where} with an equivalent "
                         "that has one (e.g. sort + segment reduction, or compute it on CPU), or accept and bound "
                         "the difference." + instead)
-            return (f"Run with deterministic mode: `torchrepro check --deterministic -- ...`, or call "
-                    f"torchrepro.deterministic() before training; {op}{where} then uses a deterministic kernel "
-                    "(or raises if it has none)." + instead)
+            fix = (f"Run with deterministic mode: `torchrepro check --deterministic -- ...`, or call "
+                   f"torchrepro.deterministic() before training; {op}{where} then uses a deterministic kernel "
+                   "(or raises if it has none)." + instead)
+            if op not in _KNOWN:  # e.g. an add_ of a number drawn from os.urandom: the tracer records tensors only
+                fix = (f"{op} is not a known nondeterministic op, and its tensor inputs were identical: a Python "
+                       "number given to it (a scalar argument, which the tracer does not record) may differ "
+                       "between the runs, drawn from os.urandom, the time or an unseeded `random`: seed it. "
+                       "Otherwise its kernel is nondeterministic: " + fix[0].lower() + fix[1:])
+            return fix
         if self.verdict == "rng":
             generator = self.op_a.get("generator") if self.op_a else None
             return f"The random numbers drawn by {op}{where} " + _DRAW_FIXES.get(generator, _DRAW_FIXES[None])
@@ -219,6 +245,8 @@ def _read(op: dict[str, Any]) -> list[str]:
     ins: list[str] = op["in"]
     if op["op"] in _FIRST_NOT_READ or (op.get("rng") and op["op"].endswith("_")):
         return ins[1:]
+    if op["op"] in _LAST_NOT_READ:
+        return ins[:-1]
     return ins
 
 
@@ -310,6 +338,27 @@ def _context(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], rows: lis
     return out
 
 
+@functools.cache
+def alias_op(name: str) -> bool:
+    """Whether the op named ``name`` (``aten.view``) only gives views of its inputs: every tensor it returns aliases
+    an input without writing it (its schema's ``Tensor(a)``). It reads no value: a view of memory that differs
+    between runs differs, but the difference is not its own.
+
+    >>> alias_op("aten.view"), alias_op("aten.t"), alias_op("aten.add_"), alias_op("aten.addmm"), alias_op("x.y")
+    (True, True, False, False, False)
+    """
+    try:
+        import torch
+
+        namespace, _, op = name.partition(".")
+        packet = getattr(getattr(torch.ops, namespace), op)
+        schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
+    except Exception:  # not an op torch knows here (a record from another version)
+        return False
+    return any(s.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns)
+               for s in schemas)
+
+
 def _writes(op: dict[str, Any]) -> bool:
     """Whether an op may change state another op reads: in place, or a draw from a random generator."""
     return bool(op.get("rng")) or op["op"].endswith("_")
@@ -369,12 +418,18 @@ def locate_ops(ops_a: list[dict[str, Any]], ops_b: list[dict[str, Any]], *, devi
             continue
         if same_in and (sources or a["op"] in _NO_WRITE_OPS):  # the outputs hold memory no traced op wrote
             source = min((r if k < 0 else k for k in sources), default=r)
-            if sources:
+            if sources and not alias_op(a["op"]):  # a view of unknown memory reads none of it
                 unknown_read = source if unknown_read is None else min(unknown_read, source)
             for x, y in zip(a["out"], b["out"]):
                 if x != y:
                     unknown_a.setdefault(x, source)
                     unknown_b.setdefault(y, source)
+            continue
+        if not same_in and alias_op(a["op"]):  # a view of memory that differs: unknown, as what no traced op wrote
+            for x, y in zip(a["out"], b["out"]):
+                if x != y:
+                    unknown_a.setdefault(x, r)
+                    unknown_b.setdefault(y, r)
             continue
         if not same_in:
             differing = [fp for fp in a["in"] + b["in"] if fp not in set(a["in"]) & set(b["in"])]

@@ -288,14 +288,14 @@ class Scanner:
         self._found: dict[tuple[Any, ...], list[Any]] = {}
         self._errors: dict[str, str] = {}
         self._names: dict[int, str] = {}
-        self._lookups_left = 8  # modules created in forward (nn.ReLU()(x)) must not cost a gc scan each
+        self._lookups_left = 8  # modules created in forward (nn.ReLU()(x)) must not cost a walk of the models each
         self._context = ModuleContext(self._module_name)
         self._modes: list[Any] = []
 
     # --- where an op is -------------------------------------------------------------------------------
     def _module_name(self, mod: nn.Module) -> str:
         name = self._names.get(id(mod))
-        if name is None and self._lookups_left:  # not seen yet: look the models up again (a gc scan: rarely)
+        if name is None and self._lookups_left:  # not seen yet: look the models up again (rarely)
             self._lookups_left -= 1
             models = self.models if self.models is not None else discover_models()
             for prefix, model in models.items():

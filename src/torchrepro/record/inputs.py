@@ -144,7 +144,7 @@ class ModelInputs:
             warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
 
     def found_roots(self, first: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The first training forward: hook the root modules (those given, else those alive: a gc scan, once) and
+        """The first training forward: hook the root modules (those given, else those alive, found once) and
         ``first``, the outermost module called, which may be a wrapper (DDP, ``torch.compile``) around a root;
         then record this call's inputs."""
         self.remove_finder()

@@ -98,7 +98,10 @@ def _fps_json(fps: list[str]) -> str:
 
 # What the dispatch handler needs to know about an op, looked up once per OpOverload: its name, its kind and
 # the names of its ``out=`` arguments (keyword-only: they come in kwargs).
-_PLAIN, _SKIP, _EMPTY, _RNG, _RESIZE = 0, 1, 2, 3, 4
+_PLAIN, _SKIP, _EMPTY, _RNG, _RESIZE, _COLLECTIVE = 0, 1, 2, 3, 4, 5
+# Collectives (FSDP2, DTensor, functional collectives): their outputs are written by the process group after the op
+# returns, so they are waited for before they are fingerprinted (a second wait by the script is a no-op).
+COLLECTIVE_PREFIXES = ("c10d.", "_c10d_functional.")
 _OP_INFO: dict[Any, tuple[str, int, tuple[str, ...]]] = {}
 _Tensor = torch.Tensor
 
@@ -106,7 +109,9 @@ _Tensor = torch.Tensor
 def _op_info(func: Any) -> tuple[str, int, tuple[str, ...]]:
     name = str(func.overloadpacket)
     kind = (_SKIP if name in _SKIP_OPS or name.startswith("profiler.") else _EMPTY if name in EMPTY_OPS
-            else _RESIZE if name in RESIZE_OPS else _RNG if name in RNG_OPS else _PLAIN)
+            else _RESIZE if name in RESIZE_OPS else _RNG if name in RNG_OPS
+            else _COLLECTIVE if name.startswith(COLLECTIVE_PREFIXES) and name != "_c10d_functional.wait_tensor"
+            else _PLAIN)
     try:
         outs = tuple(a.name for a in func._schema.arguments if a.is_out)
     except (AttributeError, RuntimeError):  # not an OpOverload with a schema
@@ -125,6 +130,19 @@ def _overwritten(in_fps: list[str], ins: list[torch.Tensor], kwargs: dict[str, A
     for i, fp in enumerate(in_fps):
         if fp == UNINITIALIZED and any(ins[i] is o for o in outs) and sum(t is ins[i] for t in ins) == 1:
             in_fps[i] = OVERWRITTEN
+
+
+def _wait_collective(out: Any) -> None:
+    """Wait for a collective's result before its outputs are read: a ``c10d`` op returns its in-place outputs with
+    a ``Work`` that the script waits on later (FSDP2's all-gather and reduce-scatter), a ``_c10d_functional`` op a
+    tensor that ``wait_tensor`` completes. Read before that, their bytes are whatever the buffer held (a false
+    difference between runs); waiting here only moves the wait earlier."""
+    items = out if isinstance(out, (tuple, list)) else [out]
+    for item in items:
+        if isinstance(item, torch._C.ScriptObject) and hasattr(item, "wait"):
+            item.wait()
+        elif type(item) is _Tensor:
+            torch.ops._c10d_functional.wait_tensor(item)
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -194,6 +212,8 @@ class _Dispatch(TorchDispatchMode):
         if kind == _RESIZE:  # the bytes it adds are uninitialized; the ones it keeps are as they were
             before = _storage_bytes(ins[0]) if ins and in_fps[0] != UNINITIALIZED else -1
         out = func(*args, **kwargs) if kwargs else func(*args)
+        if kind == _COLLECTIVE:
+            _wait_collective(out)
         outs = [out] if type(out) is _Tensor else _tensors(out, [])
         if kind == _RESIZE and (before < 0 or any(_storage_bytes(t) != before for t in outs)):
             out_fps = fps.mark_uninitialized(outs, inplace=True)

@@ -241,7 +241,7 @@ class Recorder:
 
     def _all_model_params(self) -> dict[str, torch.Tensor]:
         models = self._models
-        if models is None:  # discover once (a gc scan): scripts without an optimizer call this per step
+        if models is None:  # discover once: scripts without an optimizer call this per step
             if self._discovered is None:
                 self._discovered = discover_models()
             models = self._discovered

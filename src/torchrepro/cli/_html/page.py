@@ -5,6 +5,8 @@
 '&lt;script&gt;&quot;&amp;&quot;&lt;/script&gt;\\\\x1b[31m'
 >>> "<th" in table(["a"], [[1]])
 True
+>>> name("layers.0.update_gate")
+'<span class="name">layers.<wbr>0.<wbr>update_<wbr>gate</span>'
 """
 
 from __future__ import annotations
@@ -48,11 +50,23 @@ class Raw(str):
     """Markup built here (already escaped): put into a page as it is."""
 
 
+BREAK_AFTER = (".", "_")  # where a dotted name (module, tensor, parameter) may wrap: never inside a word
+
+
+def name(value: Any) -> Raw:
+    """A module or tensor name that wraps only after a dot or an underscore (``layers.0.`` / ``update_gate``), never
+    inside a word: ``<wbr>`` after each, and ``word-break: keep-all`` on the span (a copy keeps the plain name)."""
+    text = esc(value)
+    for ch in BREAK_AFTER:  # no escaped entity holds a dot or an underscore
+        text = text.replace(ch, ch + "<wbr>")
+    return Raw(f'<span class="name">{text}</span>')
+
+
 def table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, sortable: bool = False, cls: str = "",
           caption: str | None = None, row_classes: Sequence[str] | None = None) -> Raw:
     """An HTML table; cells are escaped unless they are :class:`Raw` or already ``<td>`` markup."""
     classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
-    out = [f'<table class="{classes}">' if classes else "<table>"]
+    out = ['<div class="tablebox">' + (f'<table class="{classes}">' if classes else "<table>")]  # scrolls when narrow
     if caption:
         out.append(f"<caption>{esc(caption)}</caption>")
     if sortable:
@@ -65,7 +79,7 @@ def table(head: Sequence[str], rows: Iterable[Sequence[Any]], *, sortable: bool 
         tds = "".join(c if isinstance(c, Raw) and c.startswith("<td") else cell(c)
                       for c in row)
         out.append(f'<tr class="{klass}">{tds}</tr>' if klass else f"<tr>{tds}</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return Raw("".join(out))
 
 
@@ -144,6 +158,9 @@ white-space:pre-wrap;word-break:break-word}
 border-radius:6px;border:2px solid currentColor;margin-right:8px}
 .ok{color:var(--ok)}.bad{color:var(--bad)}.warn{color:var(--warn)}
 .headline{font-size:16px;margin:8px 0}.next{border-left:4px solid var(--link);padding:6px 12px;background:var(--soft)}
+div.next{margin:12px 0}div.next p{margin:4px 0}
+.tablebox{overflow-x:auto;max-width:100%}.name{overflow-wrap:normal;word-break:keep-all}
+td.code>code{display:inline-block;min-width:12em}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:8px 0}dt{color:var(--muted)}
 dd{margin:0;word-break:break-word}
 table{border-collapse:collapse;margin:8px 0;width:100%;font-size:13px}caption{text-align:left;color:var(--muted);
@@ -152,6 +169,7 @@ word-break:break-word}th{background:var(--soft);white-space:nowrap}td[data-sort]
 th button{all:unset;cursor:pointer;font-weight:600}th button::after{content:" \\2195";color:var(--muted)}
 th[aria-sort=ascending] button::after{content:" \\2191"}th[aria-sort=descending] button::after{content:" \\2193"}
 tr.origin td{background:var(--hl);font-weight:600}tr.origin td:first-child::before{content:"\\21D2 "}
+tr.effect td{background:var(--hl)}tr.effect td:first-child::before{content:"\\2192 "}
 .plots{display:flex;flex-wrap:wrap;gap:16px}.plot{flex:1 1 480px;min-width:0}
 svg.chart{max-width:100%;height:auto;display:block;color:var(--fg)}svg.chart text{fill:currentColor;font-size:11px}
 .chain{display:flex;flex-wrap:wrap;gap:6px;padding:0;list-style:none}.chain li{border:1px solid var(--line);
@@ -160,7 +178,7 @@ border-radius:6px;padding:4px 8px;font-size:13px}.chain li.first{outline:3px sol
 nav{margin:12px 0 4px;font-size:13px;color:var(--muted)}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
 @media print{body{max-width:none;padding:0;font-size:11pt}th button::after{content:""}section{break-inside:auto}
-table,svg,pre{break-inside:avoid}a{color:inherit}}
+table,svg,pre{break-inside:avoid}a{color:inherit}.tablebox{overflow:visible}}
 """
 
 # Sort a table by a clicked column: numbers (data-sort) as numbers, the rest as text; "-" and empty last.

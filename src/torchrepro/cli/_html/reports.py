@@ -1,6 +1,8 @@
 """One function per command: the report of ``check``/``diff``, ``compare``, ``bisect``, ``env diff`` and ``audit``.
 
 Each returns the page as a string; the command writes it atomically as ``report.html`` beside its JSON document.
+Every page opens the same way: the verdict, then the box that says what to do (what --locate found, the fix, the
+next command: :func:`.locate.answer`), then the evidence.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import sections as s
-from .page import Raw, badge, code, dl, document, esc, link, num, para, section, table, td
+from .locate import answer, esc_lines, locate
+from .page import Raw, badge, code, dl, document, esc, link, name, num, para, section, table, td
 
 if TYPE_CHECKING:
     from ...analysis.compare import CheckResult
@@ -41,12 +44,12 @@ def check_report(result: CheckResult, doc: dict[str, Any], runs: list[Run], out:
 
     located = doc.get("locate")
     warning = (result.working_directory or {}).get("warning")
-    body: list[str] = [s.header(command, result.verdict, headline(result, what=command), title=title)]
-    body.append(s.cause_block(result.cause, result.explanation, result.action if result.verdict != "identical"
-                              else None, result.notes, [warning] if warning else None))
+    body: list[str] = [s.header(command, result.verdict, headline(result, what=command), title=title),
+                       answer(action=result.action if result.verdict != "identical" else None, located=located)]
+    body.append(s.cause_block(result.cause, result.explanation, result.notes, [warning] if warning else None))
     body.append(section("Runs", s.setup(runs), anchor="runs"))
-    if located is not None:  # the answer first: the op, its line, the fix
-        body.append(s.locate(located, render_locate(located)))
+    if located is not None:  # the evidence for the answer first: the op, its line, the ops around it
+        body.append(locate(located, render_locate(located)))
     body += comparison(result, runs)
     body.append(s.environment(doc.get("environment_diff"), a="run 1", b="other run"))
     outputs: list[tuple[str, str | Path | None]] = [("JSON", out / "check.json"), ("plot (PNG)", doc.get("plot"))]
@@ -81,13 +84,13 @@ def ranks_report(check: Any, doc: dict[str, Any], out: Path, *, command: str, te
     rank, lead = check.lead
     lines = text.split("\n")
     detail = next((i for i, line in enumerate(lines) if line.startswith(f"Rank {rank} in detail")), len(lines))
-    body: list[str] = [s.header(command, check.verdict, lines[0], title="torchrepro check (torchrun)")]
-    body.append(section("Ranks", f"<pre>{s.esc_lines(chr(10).join(lines[1:detail]).strip())}</pre>",
+    body: list[str] = [s.header(command, check.verdict, lines[0], title="torchrepro check (torchrun)"),
+                       answer(action=lead.action if lead.verdict != "identical" else None)]
+    body.append(s.cause_block(lead.cause, lead.explanation, lead.notes))
+    body.append(section("Ranks", f"<pre>{esc_lines(chr(10).join(lines[1:detail]).strip())}</pre>",
                         anchor="ranks"))
     runs = loadable(lead.runs)
     body.append(section(f"Rank {rank}: runs", s.setup(runs), anchor="runs"))
-    body.append(s.cause_block(lead.cause, lead.explanation, lead.action if lead.verdict != "identical" else None,
-                              lead.notes))
     body += comparison(lead, runs)
     body.append(s.environment(doc.get("environment_diff"), a="run 1", b="other run"))
     body.append(s.files(out, [("JSON", out / "check.json"), ("plot (PNG)", doc.get("plot"))]))
@@ -99,7 +102,8 @@ def resume_report(result: Any, doc: dict[str, Any], out: Path, *, command: str, 
     then run 1 against run 2 step by step."""
     marks = {True: "yes", False: "NO", None: "-"}
     head = text.split("\n")[0].replace("torchrepro: RESUME ", "torchrepro: ", 1)  # the badge says the verdict
-    body: list[str] = [s.header(command, result.verdict, head, title="torchrepro check --resume-at")]
+    body: list[str] = [s.header(command, result.verdict, head, title="torchrepro check --resume-at"),
+                       answer(fix=result.fix if result.verdict != "identical" else None)]
     if result.verdict != "identical":
         body.append(para(f"Not restored: {result.what} (first divergent step {result.step})"))
         body.append(para(result.explanation or ""))
@@ -107,8 +111,6 @@ def resume_report(result: Any, doc: dict[str, Any], out: Path, *, command: str, 
             for i, r in enumerate(result.restored, start=1)]
     body.append(section(f"What the resume restored (checkpoint after step {result.k})", table(
         ["#", "what", "where", "restored", "how we know"], rows), anchor="restored"))
-    if result.verdict != "identical":
-        body.append(Raw(f'<p class="next"><strong>Fix:</strong> {esc(result.fix)}</p>'))
     body += [para(f"Note: {n}") for n in [*result.comparison.notes, *result.notes]]
     body += comparison(result.comparison, [], ["uninterrupted", "resumed"])
     body.append(s.environment(doc.get("environment_diff"), a="run 1", b="other run"))
@@ -126,9 +128,13 @@ def compare_report(result: CompareResult, doc: dict[str, Any], runs: list[Run], 
 
     check = result.check
     a, b = result.commands
-    body: list[str] = [s.header(f"A: {a}   B: {b}", result.verdict, _headline(result), title="torchrepro compare")]
-    body.append(s.cause_block(doc.get("cause"), doc.get("explanation"), doc.get("action"), check.notes))
+    located = doc.get("locate")
+    body: list[str] = [s.header(f"A: {a}   B: {b}", result.verdict, _headline(result), title="torchrepro compare"),
+                       answer(action=doc.get("action"), located=located)]
+    body.append(s.cause_block(doc.get("cause"), doc.get("explanation"), check.notes))
     body.append(section("Runs", s.setup(runs, ["A", "B"]), anchor="runs"))
+    if located is not None:  # as in check's page: the evidence for the answer first, the same op table
+        body.append(locate(located, render_compare_locate(located)))
     body.append(section("Loss and difference per step", s.plots(check, ["A", "B"]), anchor="plots"))
     if result.verdict != "identical":
         body.append(section("What differed first (bitwise, causal order)", s.diverged_first(check), anchor="first"))
@@ -141,7 +147,8 @@ def compare_report(result: CompareResult, doc: dict[str, Any], runs: list[Run], 
             d = e.delta
             if d is None:
                 continue
-            rows.append([e.tensor, LABELS.get(e.kind, e.kind), td(e.step, e.step), td(num(d.max_abs), d.max_abs),
+            rows.append([td(name(e.tensor), cls="name"), LABELS.get(e.kind, e.kind), td(e.step, e.step),
+                         td(num(d.max_abs), d.max_abs),
                          td(num(d.max_rel), d.max_rel), td(f"{d.ratio:.3g}", d.ratio),
                          td(f"{d.differing} of {d.elements}", d.differing)])
         first = result.first_out
@@ -154,9 +161,6 @@ def compare_report(result: CompareResult, doc: dict[str, Any], runs: list[Run], 
             sortable=True, caption=cut)), anchor="tensors", note="click a column to sort"))
         ratios = {k: v.get("ratio") for k, v in result.per_step().items()}
         body.append(section("How the difference grew", s.growth(check, ratios, "x tolerance"), anchor="growth"))
-    located = doc.get("locate")
-    if located is not None:
-        body.append(section("Locate", f"<pre>{s.esc_lines(render_compare_locate(located))}</pre>", anchor="locate"))
     body.append(s.environment(doc.get("environment_diff")))
     body.append(s.files(out, [("JSON", out / "compare.json"), ("A", runs[0].path), ("B", runs[1].path)]))
     return document(f"torchrepro compare: {result.verdict}", body)
@@ -168,9 +172,12 @@ def bisect_report(doc: dict[str, Any], out: Path, text: str) -> str:
 
     verdict = str(doc.get("verdict"))
     head = text.splitlines()[0] if text else f"bisect: {verdict}"
-    body: list[str] = [s.header(str(doc.get("command") or ""), "found" if verdict == "found" else verdict, head,
-                                title="torchrepro bisect")]
     first = doc.get("first_bad_commit") or {}
+    located = doc.get("locate")
+    commit = [("First bad commit", Raw(f'{code(str(first.get("sha", ""))[:12])} {esc(first.get("subject") or "")}'
+                                       ' (<a href="#chain">commits</a>)'))] if first else []
+    body: list[str] = [s.header(str(doc.get("command") or ""), "found" if verdict == "found" else verdict, head,
+                                title="torchrepro bisect"), answer(located=located or None, first=commit)]
     items = []
     for c in doc.get("chain") or []:
         v = c.get("verdict")
@@ -190,11 +197,9 @@ def bisect_report(doc: dict[str, Any], out: Path, text: str) -> str:
                  link(t.get("run"), out, "run") if t.get("run") else "-"] for t in tested]
         body.append(section("Tested, in the order bisect ran them", table(
             ["#", "commit", "subject", "verdict", "why", "recording"], rows, sortable=True), anchor="tested"))
-    located = doc.get("locate")
-    if located:
-        body.append(section("Located op", f"<pre>{s.esc_lines(render_compare_locate(located))}</pre>",
-                            anchor="locate"))
-    body.append(section("Summary (as printed)", f"<pre>{s.esc_lines(text)}</pre>", anchor="summary"))
+    if located:  # the same section, op table and all, as check's and compare's
+        body.append(locate(located, render_compare_locate(located), title="Located op"))
+    body.append(section("Summary (as printed)", f"<pre>{esc_lines(text)}</pre>", anchor="summary"))
     body.append(s.files(out, [("JSON", out / "bisect.json")]))
     return document(f"torchrepro bisect: {verdict}", body)
 
@@ -297,5 +302,5 @@ def invariance_report(doc: dict[str, Any], text: str) -> str:
     else:
         body += _forward_sections(doc)
     body += [para(f"Note: {n}") for n in doc.get("notes") or []]
-    body.append(section("Summary (as printed)", f"<pre>{s.esc_lines(text)}</pre>", anchor="summary"))
+    body.append(section("Summary (as printed)", f"<pre>{esc_lines(text)}</pre>", anchor="summary"))
     return document(f"torchrepro invariance: {verdict}", body)

@@ -2,7 +2,8 @@
 
 Every function takes the result object (or the JSON document the command also writes) and returns markup; the
 sentences come from the result (``explanation``, ``action``, ``value_delta_text``, ``locate``'s ``title``/``fix``)
-or from :mod:`torchrepro.cli._render`, so the report and the terminal say the same thing.
+or from :mod:`torchrepro.cli._render`, so the report and the terminal say the same thing. The Locate section and the
+box right under the verdict (what was found, the fix, the next command) are :mod:`.locate`'s.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .page import Raw, badge, code, dl, esc, link, num, para, section, table, td
+from .page import Raw, badge, code, dl, esc, link, name, num, para, section, table, td
 from .svg import Series, line_chart
 
 if TYPE_CHECKING:
@@ -33,14 +34,12 @@ def header(command: str, verdict: str, headline: str, *, title: str, word: str |
                "</header>")
 
 
-def cause_block(cause: str | None, explanation: str | None, action: str | None, notes: list[str],
+def cause_block(cause: str | None, explanation: str | None, notes: list[str],
                 warnings: list[str] | None = None) -> Raw:
-    """Cause, the next action (as the terminal's ``Next:``), warnings and notes."""
+    """Cause, warnings and notes (the next action is in the box right under the verdict: :func:`.locate.answer`)."""
     parts = []
     if cause:
         parts.append(f"<p><strong>Cause:</strong> {esc(cause)} - {esc(explanation)}</p>")
-    if action:
-        parts.append(f'<p class="next"><strong>Next:</strong> {esc(action)}</p>')
     parts += [f'<p class="warn"><strong>Warning:</strong> {esc(w)}</p>' for w in warnings or []]
     parts += [f"<p><strong>Note:</strong> {esc(n)}</p>" for n in notes]
     return Raw("".join(parts))
@@ -54,7 +53,7 @@ def setup(runs: list[Run], labels: list[str] | None = None) -> Raw:
         label = labels[i] if labels else f"run {i + 1}"
         command = " ".join(map(str, m.get("command") or []))
         seed = m.get("seed")
-        rows.append([td(label, cls="nowrap"), Raw(code(command)), "-" if seed is None else seed,
+        rows.append([td(label, cls="nowrap"), td(Raw(code(command)), cls="code"), "-" if seed is None else seed,
                      "on" if m.get("deterministic") else "off", m.get("device") or "-", len(run.steps()),
                      td(m.get("torch") or "-", cls="nowrap"), td(_when(m.get("started")), cls="nowrap"),
                      m.get("status") or "-"])
@@ -89,9 +88,16 @@ def plots(result: CheckResult, labels: list[str] | None = None) -> Raw:
             stopped = " (a diverged run stopped before the next saved step)" if any(result.stopped) else ""
             empty = (f"parameter values were saved only before the first divergence (step {first}): none from "
                      f"there on{stopped}")
-    delta = line_chart([Series(f"max |Δ param| vs {labels[0]}", [(k, result.param_delta[k]) for k in steps])],
-                       title="How the difference grew", xlabel="step (0 = initial parameters)",
-                       ylabel="max |Δ param|", log_y=True, marker_x=first, empty_text=empty)
+    # |Δ loss| beside |Δ param|: two loss curves that lie on each other still show how far apart they are
+    loss_delta = [(float(k + 1), v) for k, v in enumerate(result.loss_delta) if v is not None]
+    params = [(float(k), result.param_delta[k]) for k in steps]
+    loss_drawn = any(v > 0 for _, v in loss_delta)
+    said = loss_drawn and not any(v > 0 for _, v in params)  # the frame's text is not shown: the legend says it
+    series = [Series(f"max |Δ param| vs {labels[0]}" + (f": {empty}" if said else ""), params)]
+    if loss_drawn:
+        series.append(Series(f"max |Δ loss| vs {labels[0]}", loss_delta))
+    delta = line_chart(series, title="How the difference grew", xlabel="step (0 = initial parameters)",
+                       ylabel="max |Δ|", log_y=True, marker_x=first, empty_text=empty)
     return Raw(f'<div class="plots"><div class="plot">{loss}</div><div class="plot">{delta}</div></div>')
 
 
@@ -99,7 +105,7 @@ def diverged_first(result: CheckResult) -> Raw:
     """What diverged first, in causal order (the terminal's list), every tensor named."""
     from ...analysis.compare import LABELS
 
-    rows = [[td(i, i), td(d.label, cls="nowrap"), td(d.step, d.step), ", ".join(d.names)]
+    rows = [[td(i, i), td(d.label, cls="nowrap"), td(d.step, d.step), Raw(", ".join(name(n) for n in d.names))]
             for i, d in enumerate(result.first, start=1)]
     later = {k: s for k, s in result.kind_first_steps.items() if s != result.first_step}
     extra = para("then: " + ", ".join(f"{LABELS[k]} at step {s}" for k, s in later.items())) if later else ""
@@ -143,89 +149,11 @@ def tensors(rows: list[dict[str, Any]], limit: int = 300) -> Raw:
     for r in rows[:limit]:
         share = (f"{r['elements_differing']} of {r['elements']}" if r["elements"] is not None else
                  "values not kept")
-        body.append([r["tensor"], r["label"], td(r["step"], r["step"]), td(share, r["elements_differing"]),
-                     td(num(r["max_abs_delta"]), r["max_abs_delta"]), td(num(r["max_ulp"]), r["max_ulp"])])
+        body.append([td(name(r["tensor"]), cls="name"), r["label"], td(r["step"], r["step"]),
+                     td(share, r["elements_differing"]), td(num(r["max_abs_delta"]), r["max_abs_delta"]),
+                     td(num(r["max_ulp"]), r["max_ulp"])])
     return table(["tensor", "kind", "step", "elements differing", "max |Δ|", "max ULP"], body, sortable=True,
                  caption=cut)
-
-
-def _source(doc: dict[str, Any]) -> Raw:
-    """The source lines the trace stored around the origin (the tracer's copy of each line: no file is read)."""
-    op = doc.get("op") or {}
-    lines: dict[int, str] = {}
-    for row in doc.get("context") or []:
-        if row.get("line") and row.get("code") is not None and (row.get("file") in (None, op.get("file"))):
-            lines.setdefault(int(row["line"]), row["code"])
-    if op.get("line") and op.get("code") is not None:
-        lines[int(op["line"])] = op["code"]
-    if not lines:
-        return Raw("")
-    rows, previous = [], None
-    for n, text in sorted(lines.items()):
-        if previous is not None and n > previous + 1:  # lines the trace did not pass through
-            rows.append('<tr><td class="ln mono">…</td><td></td></tr>')
-        rows.append(f'<tr class="{"origin" if n == op.get("line") else ""}"><td class="ln mono">{n}</td>'
-                    f'<td class="mono">{esc(text)}</td></tr>')
-        previous = n
-    body = "".join(rows)
-    where = f"{op.get('file')}" if op.get("file") else "source"
-    return Raw(f"<h3>Source ({esc(where)})</h3><table class=\"src\"><tbody>{body}</tbody></table>")
-
-
-def _op_table(rows: list[dict[str, Any]]) -> Raw:
-    body, classes = [], []
-    for r in rows:
-        op = r.get("op") or "-"
-        if r.get("op_other_run") and r["op_other_run"] != r.get("op"):
-            op = f"{op} | {r['op_other_run']}"
-        same = {True: "= same", False: "≠ differ", None: "-"}
-        body.append([td(r.get("i"), r.get("i")), td(op, cls="nowrap"), td(r.get("phase") or "-", cls="nowrap"),
-                     r.get("module") or "-",
-                     td(r.get("line") or "-", r.get("line")), td(same[r.get("inputs_equal")], cls="nowrap"),
-                     td(same[r.get("outputs_equal")], cls="nowrap"), Raw(code(r.get("code") or ""))])
-        classes.append("origin" if r.get("origin") else "")
-    return table(["#", "op", "phase", "module", "line", "inputs", "outputs", "code"], body, row_classes=classes,
-                 caption="the ops around the origin (⇒ marks it)")
-
-
-def locate(doc: dict[str, Any] | None, text: str) -> Raw:
-    """The --locate section: the op, its module and source, the ops around it, why and the fix; ``text`` is the
-    terminal's rendering of the same document (kept for shapes this page does not lay out)."""
-    if doc is None:
-        return Raw("")
-    title = doc.get("title") or doc.get("verdict") or "locate"
-    parts = [f"<p>{badge(str(doc.get('verdict') or 'info'), str(doc.get('verdict') or '').upper())}"
-             f"<strong>{esc(title)}</strong></p>"]
-    op = doc.get("op")
-    if doc.get("verdict") in ("nothing-to-locate", "skipped"):
-        return section("Locate", "".join(parts), anchor="locate")
-    if doc.get("verdict") == "failed":
-        return section("Locate", "".join(parts) + f"<pre>{esc_lines(text)}</pre>", anchor="locate")
-    if isinstance(op, dict) and "op" in op and "context" in doc and not doc.get("compiled"):
-        where = f"{op.get('file')}:{op.get('line')}" if op.get("file") else "(no user source line)"
-        same_in = "identical" if doc.get("verdict") in ("origin", "rng") else "DIFFERENT"
-        parts.append(dl([("op", Raw(code(op["op"]))), ("phase", op.get("phase")),
-                         ("op #", f"{doc.get('op_index')} of step {doc.get('step')}"),
-                         ("module", op.get("module") or "-"),
-                         ("created at" if op.get("phase") == "backward" else "source", Raw(code(where))),
-                         ("line", Raw(code(op["code"])) if op.get("code") else None),
-                         ("inputs", f"{same_in} in both runs; outputs differ"),
-                         (f"deterministic kernel on {doc.get('device')}", doc.get("deterministic_kernel"))]))
-        parts.append(_source(doc))
-        parts.append(_op_table(doc.get("context") or []))
-    else:
-        parts.append(f"<pre>{esc_lines(text)}</pre>")
-    for label, key in (("Why", "explanation"), ("Note", "note")):
-        if doc.get(key):
-            parts.append(f"<p><strong>{label}:</strong> {esc(doc[key])}</p>")
-    if doc.get("fix"):
-        parts.append(f'<p class="next"><strong>Fix:</strong> {esc(doc["fix"])}</p>')
-    return section("Locate", "".join(parts), anchor="locate")
-
-
-def esc_lines(text: str) -> str:
-    """Multi-line terminal text for a ``<pre>``: each line escaped on its own (newlines kept)."""
-    return "\n".join(esc(line) for line in text.splitlines())
 
 
 def environment(env_doc: dict[str, Any] | None, *, a: str = "A", b: str = "B") -> Raw:

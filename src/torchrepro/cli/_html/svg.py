@@ -1,5 +1,8 @@
 """Line charts as inline SVG, drawn here (no plotting library, no script): linear or log y axis, each series with
-its own dash pattern and a text legend (readable without colour), long series downsampled.
+its own dash pattern, marker and a text legend (readable without colour), long series downsampled.
+
+Curves that lie on each other (two runs with the same loss) both stay visible: with more than one series the first
+is drawn wide and pale underneath, the others thin, dashed and marked on top of it.
 
 >>> from torchrepro.cli._html.svg import Series, line_chart
 >>> svg = line_chart([Series("run 1", [(1, 0.5), (2, 0.25)])], title="Loss", xlabel="step", ylabel="loss")
@@ -17,6 +20,10 @@ from .page import esc
 
 MAX_POINTS = 1200  # per series: a 100k-step run stays a small file
 DASHES = ("", "6 4", "2 3", "10 3 2 3", "1 4", "8 2")
+MARKERS = ("", "circle", "square", "triangle", "diamond", "cross")  # series 2 on: a shape every tenth of the curve
+MARKS_PER_SERIES = 10
+UNDER = ' stroke-width="4.5" stroke-opacity="0.4"'  # the first of several series: wide and pale, drawn first
+OVER = ' stroke-width="1.6"'
 
 
 @dataclass
@@ -70,13 +77,36 @@ def _label(v: float, step: float | None = None) -> str:
     return f"{v:.{min(decimals, 12)}f}"
 
 
+def _marker(kind: str, x: float, y: float, colour: str) -> str:
+    """A hollow shape centred on (x, y): the series is told apart without colour where curves overlap."""
+    r = 3.5
+    shape = {"circle": f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}"',
+             "square": f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}"',
+             "triangle": f'<polygon points="{x:.1f},{y - r - 1:.1f} {x + r + 0.5:.1f},{y + r:.1f} '
+                         f'{x - r - 0.5:.1f},{y + r:.1f}"',
+             "diamond": f'<polygon points="{x:.1f},{y - r - 1:.1f} {x + r + 1:.1f},{y:.1f} {x:.1f},{y + r + 1:.1f} '
+                        f'{x - r - 1:.1f},{y:.1f}"',
+             "cross": f'<path d="M{x - r:.1f} {y - r:.1f}L{x + r:.1f} {y + r:.1f}M{x - r:.1f} {y + r:.1f}'
+                      f'L{x + r:.1f} {y - r:.1f}"'}.get(kind)
+    return f'{shape} fill="none" stroke="{colour}" stroke-width="1.4"/>' if shape else ""
+
+
+def _style(i: int, several: bool) -> tuple[str, str, str]:
+    """Colour, line attributes and marker of series ``i`` (``several``: the chart has more than one series)."""
+    dash = DASHES[i % len(DASHES)]
+    width = UNDER if several and i == 0 else OVER
+    return f"var(--s{i % 6})", width + (f' stroke-dasharray="{dash}"' if dash else ""), MARKERS[i % len(MARKERS)]
+
+
 def line_chart(series: Sequence[Series], *, title: str, xlabel: str, ylabel: str, log_y: bool = False,
                marker_x: float | None = None, marker_label: str | None = None, empty_text: str | None = None,
                width: int = 520, height: int = 300) -> str:
     """An ``<svg>`` element; with ``log_y`` only positive values are drawn. ``marker_x``: a labelled vertical line
     (the first divergent step). With no point to draw, ``empty_text`` is written in the frame instead."""
     left, right, top, bottom = 88, 12, 28, 44
-    legend_h = 18 * ((len(series) + 2) // 3) + 8 if series else 0
+    longest = 36 + 6.5 * max((len(s.label) for s in series), default=0)  # px: the line, a gap, 11px text
+    columns = next(c for c in (3, 2, 1) if c == 1 or longest <= (width - left - right) / c)  # labels never overlap
+    legend_h = 18 * ((len(series) + columns - 1) // columns) + 8 if series else 0
     height += legend_h
     pw, ph = width - left - right, height - top - bottom - legend_h
     drawn = [Series(s.label, downsample([(x, y) for x, y in s.points
@@ -144,21 +174,25 @@ def line_chart(series: Sequence[Series], *, title: str, xlabel: str, ylabel: str
             dx = -4 if anchor == "end" else 4
             out.append(f'<text x="{x + dx:.1f}" y="{top + 12}" text-anchor="{anchor}" fill="var(--bad)">'
                        f'{esc(marker_label)}</text>')
+    several = len(series) > 1
     for i, s in enumerate(drawn):
-        colour, dash = f"var(--s{i % 6})", DASHES[i % len(DASHES)]
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+        colour, line, marker = _style(i, several)
         if len(s.points) == 1:
             (x, y), = s.points
-            out.append(f'<circle cx="{tx(x):.1f}" cy="{ty(y):.1f}" r="3" fill="{colour}"/>')
+            out.append(_marker(marker, tx(x), ty(y), colour) if marker else
+                       f'<circle cx="{tx(x):.1f}" cy="{ty(y):.1f}" r="3" fill="{colour}"/>')
         elif s.points:
             path = " ".join(f"{tx(x):.1f},{ty(y):.1f}" for x, y in s.points)
-            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.6"{dash_attr} points="{path}"/>')
+            out.append(f'<polyline fill="none" stroke="{colour}"{line} points="{path}"/>')
+            every = max(1, len(s.points) // MARKS_PER_SERIES)  # each series' marks start elsewhere: none hide
+            out += [_marker(marker, tx(x), ty(y), colour)
+                    for x, y in s.points[(every * (i - 1) // 3) % every::every]] if marker else []
     for i, s in enumerate(series):  # the legend names every series, drawn or not
-        row, col = divmod(i, 3)
-        lx, ly = left + col * (pw / 3), top + ph + 54 + row * 18
-        colour, dash = f"var(--s{i % 6})", DASHES[i % len(DASHES)]
-        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        out.append(f'<line x1="{lx:.1f}" x2="{lx + 26:.1f}" y1="{ly - 4:.1f}" y2="{ly - 4:.1f}" stroke="{colour}" '
-                   f'stroke-width="2"{dash_attr}/><text x="{lx + 32:.1f}" y="{ly:.1f}">{esc(s.label)}</text>')
+        row, col = divmod(i, columns)
+        lx, ly = left + col * (pw / columns), top + ph + 54 + row * 18
+        colour, line, marker = _style(i, several)
+        out.append(f'<line x1="{lx:.1f}" x2="{lx + 26:.1f}" y1="{ly - 4:.1f}" y2="{ly - 4:.1f}" stroke="{colour}"'
+                   f'{line}/>{_marker(marker, lx + 13, ly - 4, colour)}'
+                   f'<text x="{lx + 32:.1f}" y="{ly:.1f}">{esc(s.label)}</text>')
     out.append("</svg>")
     return "".join(out)
