@@ -7,6 +7,7 @@ differed from run to run and --locate named a view of them instead of the line t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,23 @@ def test_locate_on_the_other_rank_finds_no_false_difference_in_the_gathered_shar
 
 def _line(code: str) -> int:
     return next(i for i, line in enumerate(Path(FSDP).read_text().splitlines(), start=1) if line.strip() == code)
+
+
+def test_check_locate_under_torchrun_traces_every_rank_and_names_the_lead_ranks_op(tmp_path):
+    """`check --locate --nproc-per-node 2` (refused before): the rank that diverged first is traced in two more
+    launches and its op named, in the text, check.json and report.html."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--json", "--nproc-per-node", "2",
+                        "--out", str(out), "--", "python", FSDP, "--steps", "3", "--noise-rank", "1", "--noise-step",
+                        "2"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["lead_rank"] == 1 and doc["locate"]["rank"] == 1
+    assert doc["locate"]["verdict"] == "origin" and doc["locate"]["op"]["op"] == "aten.add_"
+    assert doc["locate"]["op"]["line"] == _line(NOISE_LINE) and doc["locate"]["traced_steps"] == [2]
+    html = (out / "report.html").read_text()
+    assert "aten.add_" in html and 'id="locate"' in html
+    text = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", str(out / "locate" / "run1" /
+                           "rank1"), str(out / "locate" / "run2" / "rank1"), "--out", str(tmp_path / "d")],
+                          capture_output=True, text=True, timeout=300).stdout
+    assert "  op      aten.add_  (forward," in text  # the traced re-runs are kept, rank by rank

@@ -225,8 +225,9 @@ class RanksResume:
                                  f"after step {result.k}, the learning rate, batch and RNG state of step "
                                  f"{result.step}), yet step {result.step} computed other "
                                  f"{', '.join(d.label for d in result.comparison.first) or 'values'}: the ranks' "
-                                 f"gradients are averaged at each step (DDP's all-reduce), and rank {rank} did not "
-                                 f"resume exactly ({lead.what}). Fix rank {rank}; rank {r} follows.")
+                                 f"gradients are averaged at each step (DDP's all-reduce, FSDP's reduce-scatter), and "
+                                 f"rank {rank} did not resume exactly ({lead.what}). Fix rank {rank}; rank {r} "
+                                 "follows.")
 
     @property
     def lead(self) -> tuple[int, ResumeResult]:

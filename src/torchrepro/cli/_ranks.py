@@ -5,35 +5,33 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .._core.errors import ScriptError
 from .._core.table import printable
 from ..analysis.compare import note_shared_workdir
 from ..analysis.rankcompare import DESYNC_CAUSE, RanksCheck, compare_rank_runs
 from ..analysis.report import plot_check
-from ..record.launcher import CommandError, LaunchOptions, parse_python_command
+from ..record.launcher import LaunchOptions, parse_python_command
 from ..record.options import RankOptions
 from ..record.outdir import lock_dir
 from ..record.store import GRAD_VALUE_STEPS, GRAD_VALUES_ENV, load_ranks
 from ._checkrun import (
     EnvironmentDifferences,
     Isolation,
+    WriteErrors,
     environment_differences,
     execute_runs,
     isolation_for,
     output_dir,
 )
 from ._options import check_words, determinism_options, kept_values
-from ._render import render, sure_line
+from ._render import NOT_TRACED, render, render_locate, sure_line
 
 
 def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) -> int:
     """``check`` of a command on ``nproc`` ranks: N torchrun launches, each rank recorded apart, then compared."""
     parse_python_command(command)  # a bad command is refused before any directory is made
-    if args.locate:
-        raise CommandError("--locate does not trace runs of several ranks yet. Record two runs with `torchrepro run "
-                           "--record DIR --nproc-per-node N --trace-steps K -- ...` and compare one rank's "
-                           "directories with `torchrepro diff --locate DIR_A/rank0 DIR_B/rank0`.")
     Isolation.refuse_uncopyable(args.fresh_cwd, args.out)
     out = output_dir(args.out, "check")
     opts = LaunchOptions(seed=args.seed, **determinism_options(args), max_steps=args.max_steps,
@@ -53,11 +51,36 @@ def run_ranks_check(args: argparse.Namespace, command: list[str], nproc: int) ->
             note_shared_workdir(result, dict(isolation.to_json() or {}))
             result.set_rerun(check_words(args), args.user_command)  # Next's commands: this check's own
         env = environment_differences([r[0] for r in runs], quiet_if_same=True)
-        return finish_ranks(check, out, what=what, as_json=args.json, environment=env)
+        errors: WriteErrors = []
+        located = _locate(args, command, out, check, opts, errors, isolation) if args.locate else None
+        return finish_ranks(check, out, what=what, as_json=args.json, environment=env, located=located,
+                            errors=errors)
+
+
+def _locate(args: argparse.Namespace, command: list[str], out: Path, check: RanksCheck, opts: LaunchOptions,
+            errors: WriteErrors, isolation: Isolation) -> dict[str, Any]:
+    """``--locate`` under torchrun: two more launches trace the first divergent step on every rank, and the op
+    streams of the rank that diverged first (the lead rank) are compared; the others follow it through the
+    collectives (a collective is named as such on them)."""
+    from ..analysis.locate import VERDICTS
+    from .check_cmd import LOCATED_NEXT, locate_keeping_verdict
+
+    if check.verdict == "identical":
+        return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
+    if check.verdict != "diverged":  # desynchronised: every rank repeats itself; nothing differs between runs
+        return {"verdict": "skipped", "title": "not traced: every rank repeats itself across runs, so the op "
+                "streams of two runs would agree; the ranks' replicas part (above), which --locate does not trace"}
+    rank, lead = check.lead
+    located = locate_keeping_verdict(args, command, out, lead, opts, errors, isolation, rank=rank)
+    located["rank"] = rank
+    if located.get("verdict") not in NOT_TRACED:
+        lead.next_action = LOCATED_NEXT
+    return located
 
 
 def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
-                 environment: EnvironmentDifferences | None = None) -> int:
+                 environment: EnvironmentDifferences | None = None, located: dict[str, Any] | None = None,
+                 errors: WriteErrors | None = None) -> int:
     """Plot (the lead rank), write report.html and check.json, print the summary or JSON; return the exit code."""
     from ._html.reports import ranks_report
     from ._output import Verdict, emit
@@ -66,15 +89,19 @@ def finish_ranks(check: RanksCheck, out: Path, *, what: str, as_json: bool,
     doc = check.to_json() | {"plot": None, "command": what, "exit_code": None}
     if environment is not None:
         doc["environment_diff"] = environment.to_json(lead.verdict)
+    if located is not None:
+        doc["locate"] = located
 
     def text(summary: str, plot: str | None, report: Path | None) -> str:
         env_text = environment.render(lead.verdict) if environment is not None else None
-        return "\n\n".join(t for t in (summary + (f"\nReport: {report}" if report else ""), env_text) if t)
+        where = render_locate(located).replace("\nLocate: ", f"\nLocate (rank {rank}): ", 1) if located else None
+        return "\n\n".join(t for t in (summary + (f"\nReport: {report}" if report else ""), env_text,
+                                       where.strip() if where else None) if t)
 
     return emit(Verdict(doc, check.exit_code, "check.json", plot=lambda path: plot_check(lead, path),
                         summary=lambda plot: render_ranks(check, what=what, plot=plot), text=text,
                         report=lambda d, summary: ranks_report(check, d, out, command=what, text=summary)),
-                out, as_json=as_json)
+                out, as_json=as_json, errors=errors)
 
 
 def render_ranks(check: RanksCheck, *, what: str, plot: str | None = None) -> str:

@@ -10,7 +10,9 @@ code change; scripts with their own loop read :func:`torchrepro.resume_point` (s
 Under torchrun (``--nproc-per-node P`` or ``-- torchrun ...``) each of the three processes is a torchrun launch
 that records every rank into ``RUN/rank{R}``; every rank is told the same checkpoint path and is stopped after step
 K; each rank's processes are joined and diagnosed apart, and the verdict is the first rank that did not resume
-exactly (:class:`~torchrepro.analysis.resumeat.RanksResume`).
+exactly (:class:`~torchrepro.analysis.resumeat.RanksResume`). Sharded training (FSDP2, DTensor) that checkpoints
+with ``torch.distributed.checkpoint`` is checked the same way: the checkpoint is the folder every rank wrote its
+shards into, and each rank is compared by its local shards.
 """
 
 from __future__ import annotations
@@ -48,7 +50,10 @@ PROTOCOL = ("A script with its own loop saves its checkpoint where torchrepro sa
             "(see docs/resume-at.md)")
 RANKS_PROTOCOL = ("Under torchrun every rank gets the same path: rank 0 saves one file there, or each rank saves its "
                   "own file into that folder (`os.makedirs(rp.checkpoint, exist_ok=True)`, then "
-                  "`rp.checkpoint / f\"rank{rank}.pt\"`), and every rank loads what it needs from `rp.resume_from`")
+                  "`rp.checkpoint / f\"rank{rank}.pt\"`), and every rank loads what it needs from `rp.resume_from`; "
+                  "sharded training (FSDP2, tensor parallel) checkpoints with torch.distributed.checkpoint on every "
+                  "rank: `dcp.save(state, checkpoint_id=rp.checkpoint)` after step K and `dcp.load(state, "
+                  "checkpoint_id=rp.resume_from)` (docs/distributed.md, \"Checkpoint and resume\")")
 SNAPSHOT_PROTOCOL = ("A script that keeps its own snapshot (every rank loads it at start if it exists, one rank saves "
                      "it every N steps or epochs) resumes from it under check --resume-at only where torchrepro says: "
                      "`rp = torchrepro.resume_point()`; load `rp.resume_from` when it is set (instead of your "
@@ -267,6 +272,7 @@ def _diagnose(straight: Run, stopped: Run, resumed: Run, k: int, facts: dict[str
 
 
 _PER_RANK_STATE = ("rng-state", "data-position", "data-values", "data")  # states each rank holds its own of
+DCP_METADATA = ".metadata"  # in a folder that torch.distributed.checkpoint wrote (dcp.save)
 
 
 def _check_ranks(runs: ResumeRuns, out: Path, k: int, nproc: int, isolation: Isolation, *, what: str,
@@ -293,6 +299,12 @@ def _check_ranks(runs: ResumeRuns, out: Path, k: int, nproc: int, isolation: Iso
                           "rank 0's RNG states and data position are restored on every rank. Each rank's are its "
                           "own: let each rank save its own file into the folder rp.checkpoint (rank{R}.pt) and load "
                           "its own.")
+    elif lead.cause in _PER_RANK_STATE and lead.checkpoint and (Path(lead.checkpoint) / DCP_METADATA).is_file():
+        lead.notes.append(f"The checkpoint was written with torch.distributed.checkpoint ({lead.checkpoint}): DCP "
+                          "keeps one copy of a key that every rank saves (it takes such an entry for a replica), and "
+                          "every rank loads that copy. A rank's RNG states and data position are its own: save them "
+                          "under a key of its own (`{f\"rank{rank}\": {\"rng\": torch.get_rng_state(), ...}}` in the "
+                          "state given to dcp.save and dcp.load) and restore that one.")
     env = environment_differences([ranks[0] for ranks in loaded], quiet_if_same=True)
     return finish_resume(check.lead[1], out, what=what, as_json=as_json, environment=env, ranks=check)
 

@@ -132,8 +132,9 @@ DETERMINISTIC_NEXT = ("Deterministic mode was on, so this is not a kernel that d
 
 def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions, steps: int,
                errors: WriteErrors | None = None, isolation: Isolation | None = None, *,
-               prestart: bool = True) -> dict[str, Any]:
-    """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams."""
+               prestart: bool = True, rank: int | None = None) -> dict[str, Any]:
+    """Re-run twice with the op tracer on the first divergent step(s); compare the two op streams (under torchrun,
+    those of ``rank``: every rank traces, the rank that diverged first is compared)."""
     from ..analysis.causes import untraced_note
     from ..analysis.locate import VERDICTS, locate_ops
     from ..record.optrace import read_ops
@@ -146,7 +147,7 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
         return {"verdict": "skipped", "title": untraced}
     errors = [] if errors is None else errors
     if result.compiled and result.compiled.get("in_compiled_code") is not False:  # the op tracer cannot see it
-        return run_compiled_locate(command, out, result, opts, errors, isolation, prestart=prestart)
+        return run_compiled_locate(command, out, result, opts, errors, isolation, prestart=prestart, rank=rank)
     first = int(result.first_step or 0)
     last = first + steps - 1
     # In optimizer mode the traced runs stop right after the traced steps (step 0 = construction: stop at 1).
@@ -156,10 +157,29 @@ def run_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchO
     print(f"torchrepro: --locate: tracing every operation of step {first}" +
           (f"..{last}" if last > first else "") + " in two more runs", file=sys.stderr, flush=True)
     dirs = execute_runs(command, out / "locate", 2, trace_opts, _fresh_only(isolation), prestart=prestart)
+    if rank is not None:
+        dirs = [d / f"rank{rank}" for d in dirs]
     ops = [list(read_ops(d / OPS)) if (d / OPS).exists() else [] for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     loc = locate_ops(ops[0], ops[1], device=device)
     return save_locate(out, loc.to_json(), render_op_table(loc.context), errors)
+
+
+def locate_keeping_verdict(args: argparse.Namespace, command: list[str], out: Path, result: CheckResult,
+                           opts: LaunchOptions, errors: WriteErrors, isolation: Isolation | None, *,
+                           rank: int | None = None) -> dict[str, Any]:
+    """``--locate`` after a verdict: :func:`run_locate`, or, when its traced re-runs fail, a document that says so
+    (the verdict is known: it is kept)."""
+    from ..analysis.causes import check_command
+
+    try:
+        return run_locate(command, out, result, opts, args.locate_steps, errors, isolation,
+                          prestart=not args.no_prestart, rank=rank)
+    except Interrupted:
+        raise
+    except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
+        steps = ["--locate-steps", str(args.locate_steps)] if args.locate_steps != 1 else []
+        return locate_failed(exc, check_command(check_words(args), args.user_command, ["--locate", *steps]))
 
 
 def _fresh_only(isolation: Isolation | None) -> Isolation | None:
@@ -168,8 +188,8 @@ def _fresh_only(isolation: Isolation | None) -> Isolation | None:
 
 
 def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts: LaunchOptions,
-                        errors: WriteErrors, isolation: Isolation | None = None, *, prestart: bool = True
-                        ) -> dict[str, Any]:
+                        errors: WriteErrors, isolation: Isolation | None = None, *, prestart: bool = True,
+                        rank: int | None = None) -> dict[str, Any]:
     """Re-run twice capturing the graphs inductor compiled; measure them at the first divergent step (see
     :mod:`torchrepro.analysis.compilelocate`)."""
     from ..analysis.compilelocate import locate_compiled
@@ -183,6 +203,8 @@ def run_compiled_locate(command: list[str], out: Path, result: CheckResult, opts
     print(f"torchrepro: --locate: the divergence lies in torch.compile'd code; capturing the graphs inductor "
           f"compiled and measuring them at step {first} in two more runs", file=sys.stderr, flush=True)
     dirs = execute_runs(command, out / "locate", 2, capture_opts, _fresh_only(isolation), prestart=prestart)
+    if rank is not None:
+        dirs = [d / f"rank{rank}" for d in dirs]
     docs = [json.loads((d / GRAPHS_FILE).read_text()) if (d / GRAPHS_FILE).exists() else {} for d in dirs]
     device = (load_run(dirs[0]).manifest.get("device") or "cpu").split(":")[0]
     doc = locate_compiled(docs, step=first, device=device).to_json()
@@ -227,17 +249,8 @@ def run(args: argparse.Namespace) -> int:
             rerun = check_command(check_words(args), args.user_command, ["--locate"])
             result.next_action = DETERMINISTIC_NEXT.format(rerun=rerun)
         errors: WriteErrors = []
-        located: dict[str, Any] | None = None
-        if args.locate:
-            try:
-                located = run_locate(command, out, result, opts, args.locate_steps, errors, isolation,
-                                     prestart=not args.no_prestart)
-            except Interrupted:
-                raise
-            except ReproError as exc:  # the verdict is known: keep it, and say why nothing was located
-                steps = ["--locate-steps", str(args.locate_steps)] if args.locate_steps != 1 else []
-                located = locate_failed(exc, check_command(check_words(args), args.user_command,
-                                                           ["--locate", *steps]))
+        located = locate_keeping_verdict(args, command, out, result, opts, errors, isolation) if args.locate \
+            else None
         from ._render import NOT_TRACED
 
         if located is not None and located.get("verdict") not in NOT_TRACED:

@@ -30,11 +30,18 @@ program, and no rank waits in a collective for one that has stopped. In the stop
 ``torch.save`` are noted (``script_saves``): a script that saves a checkpoint of its own (a minGPT-style
 ``snapshot.pt``) but not where torchrepro asked is told which file it wrote and what to change.
 
+Sharded training (FSDP2, DTensor) checkpoints with ``torch.distributed.checkpoint`` (DCP): every rank calls
+``dcp.save(state, checkpoint_id=rp.checkpoint)`` (a folder: each rank writes its shards there) and ``dcp.load``
+from ``rp.resume_from``. DCP's ``get_state_dict``/``set_state_dict`` give a fresh optimizer its state with an
+``optimizer.step()`` of learning rate 0 (``_init_optim_state``); in all three phases that call is wrapped so that
+the recorder does not count it as a step (:func:`unrecorded_steps`).
+
 Outside ``check --resume-at`` none of the variables is set and nothing is wrapped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -42,6 +49,7 @@ import inspect
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +70,7 @@ FACTS_KEY = "resume_at"  # the child's summary (manifest) field
 # module -> (trainer kind, patch); the module is patched as soon as it has been executed
 _LIGHTNING = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 _TRANSFORMERS = ("transformers.trainer",)
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"  # get_state_dict / set_state_dict
 _SAVES_SHOWN = 8  # paths given to torch.save noted in the stop phase (the latest step of each)
 _ATOMIC_TMP = re.compile(r"\.(.+)\.torchrepro-\d+-\w+\.tmp")  # _core.io.atomic_write's file: the name it becomes
 
@@ -167,14 +176,16 @@ class ResumePlan:
             self._watch_saves()
         elif self.phase == "resume":
             os.environ[RESUME_FROM_ENV] = self.checkpoint
+        patches = {_DCP_STATE_DICT: self._patch_dcp}  # every phase: the three processes count steps alike
         if self.phase != "straight":
-            patches = {name: self._patch_lightning for name in _LIGHTNING}
+            patches.update({name: self._patch_lightning for name in _LIGHTNING})
             patches.update({name: self._patch_transformers for name in _TRANSFORMERS})
-            _PatchOnImport.install(patches, self.patches)
+        _PatchOnImport.install(patches, self.patches)
         return self
 
     def uninstall(self) -> None:
-        """Put back what :meth:`install` replaced (``torch.save``, the import finder)."""
+        """Put back what :meth:`install` replaced (``torch.save``, DCP's optimizer-state initialisation, the import
+        finder)."""
         self.patches.undo()
 
     def facts(self) -> dict[str, Any]:
@@ -212,6 +223,25 @@ class ResumePlan:
         save._torchrepro_saves = True  # type: ignore[attr-defined]
         self.patches.set(torch, "save", save)
         self.patches.set(torch.serialization, "save", save)
+
+    # --- torch.distributed.checkpoint (DCP) ----------------------------------------------------------------
+    def _patch_dcp(self, module: Any) -> None:
+        """DCP's ``get_state_dict``/``set_state_dict`` give an optimizer that has no state yet (the restarted
+        process's, built afresh) its state by calling ``optimizer.step()`` with zero gradients and the learning rate
+        0 (``_init_optim_state``): that is no training step, and the recorder must not count it, else the restarted
+        process's steps are off by one and its optimizer's "state before its first step" is the empty one."""
+        orig = getattr(module, "_init_optim_state", None)
+        if orig is None or getattr(orig, "_torchrepro_unrecorded", False):
+            return
+        plan = self
+
+        @functools.wraps(orig)
+        def init_optim_state(optim: Any) -> Any:
+            with unrecorded_steps(plan.recorder):
+                return orig(optim)
+
+        init_optim_state._torchrepro_unrecorded = True  # type: ignore[attr-defined]
+        self.patches.set(module, "_init_optim_state", init_optim_state)
 
     # --- Lightning ----------------------------------------------------------------------------------------
     def _patch_lightning(self, module: Any) -> None:
@@ -327,6 +357,24 @@ class ResumePlan:
         if self.recorder is not None:
             self.recorder.stopped = True
         raise MaxStepsReached()
+
+
+@contextlib.contextmanager
+def unrecorded_steps(recorder: Recorder | None) -> Iterator[None]:
+    """Optimizer steps taken inside are not the training's (DCP's state initialisation): the recorder records
+    nothing while its ``forked`` switch is on (the switch of a forked child, which records nothing), put back after.
+
+    >>> with unrecorded_steps(None):  # no recorder: nothing to switch
+    ...     pass
+    """
+    if recorder is None or recorder.forked:
+        yield
+        return
+    recorder.forked = True
+    try:
+        yield
+    finally:
+        recorder.forked = False
 
 
 def _saved_path(f: Any) -> str | None:

@@ -13,10 +13,19 @@ Example:
     >>> torchrepro.save_checkpoint("ckpt.pt", model=model, optimizer=opt, loader=loader, step=100)  # doctest: +SKIP
     >>> torchrepro.load_checkpoint("ckpt.pt", model=model, optimizer=opt, loader=loader)["step"]  # doctest: +SKIP
     100
+
+Sharded training (FSDP2, tensor parallel: parameters and optimizer state that are DTensors) is checkpointed per
+rank: each rank saves its own file (``ckpt/rank{R}.pt``) holding its DTensors (each its local shard and its
+placements) and their layouts (``"layouts"``: placements, mesh shape, this rank's coordinate, global shape), and
+loads its own file back on the same mesh. Before anything is restored every DTensor's saved layout is checked
+against the model's: another rank's file, another mesh or world size, a sharded file into an unsharded model (or
+the reverse) is refused by name (:class:`ShardedStateError`), saying to load each rank's own file on the same mesh
+or to checkpoint with ``torch.distributed.checkpoint`` (DCP), which reshards (:data:`DCP_RECIPE`).
 """
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import warnings
@@ -26,6 +35,7 @@ from typing import Any, cast
 
 import torch
 
+from .._core.dtensor import describe_layout, dtensor_type, layout
 from .._core.errors import CheckpointError, MissingGeneratorError, ReproWarning, StateFileError
 from .._core.io import atomic_write, disk_error, disk_problem
 from ..control.rng import RNGState, parse_state
@@ -36,6 +46,84 @@ VERSION = 1
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "data")
 _WHAT = {"optimizer": "optimizer state", "scheduler": "LR-scheduler state", "scaler": "GradScaler state",
          "data": "data position (loader state)", "model": "model state"}
+
+
+DCP_RECIPE = (
+    "checkpoint with torch.distributed.checkpoint (DCP), which reshards, on every rank: "
+    "`from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict`; to save, "
+    "`model_sd, optim_sd = get_state_dict(model, optimizer)` and `dcp.save({\"model\": model_sd, \"optimizer\": "
+    "optim_sd}, checkpoint_id=FOLDER)` (each rank writes its shards into FOLDER); to resume, build the model and "
+    "optimizer as before, `state = dict(zip((\"model\", \"optimizer\"), get_state_dict(model, optimizer)))`, "
+    "`dcp.load(state, checkpoint_id=FOLDER)`, `set_state_dict(model, optimizer, model_state_dict=state[\"model\"], "
+    "optim_state_dict=state[\"optimizer\"])`. Keep each rank's RNG state and data position in the same state under a "
+    "key of its own (f\"rank{rank}\": DCP keeps one copy of a key every rank saves). See docs/distributed.md, "
+    "\"Checkpoint and resume\".")
+
+
+class ShardedStateError(CheckpointError):
+    """A checkpoint whose DTensors (FSDP2, tensor parallel) are not this rank's shards of the model passed to
+    load_checkpoint (another rank's file, another mesh, a sharded file into an unsharded model or the reverse):
+    refused before anything is restored; the message says what to load, or how to use DCP instead."""
+
+
+def _dtensors(state: Any, prefix: str, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``(name, DTensor)`` of every DTensor in a (nested) state dict, depth first."""
+    cls = dtensor_type()
+    if cls is None:
+        return found
+    if isinstance(state, cls):
+        found.append((prefix, state))
+    elif isinstance(state, Mapping):
+        for key, value in state.items():
+            _dtensors(value, f"{prefix}.{key}" if prefix else str(key), found)
+    elif isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
+            _dtensors(value, f"{prefix}.{i}" if prefix else str(i), found)
+    return found
+
+
+def _layouts(states: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{name: layout}`` of every DTensor in ``states`` (``{"model": ..., "optimizer": ...}``), names such as
+    ``model.fc1.weight`` and ``optimizer.state.0.exp_avg``."""
+    return {name: layout(t) or {} for name, t in _dtensors({k: v for k, v in states.items() if v is not None}, "", [])}
+
+
+_LAYOUT_KEYS = ("placements", "mesh_shape", "coordinate", "shape")  # what makes a shard the same shard
+
+
+def _layout_text(lay: Mapping[str, Any] | None) -> str:
+    return "a plain tensor" if lay is None else f"{describe_layout(lay)}, global shape {list(lay.get('shape') or [])}"
+
+
+def _sharding_problems(data: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> list[str]:
+    """Every DTensor whose saved layout is not the one it would be loaded into: another rank's shard, another mesh
+    or placements, a shard where the model holds a plain tensor or the reverse. The optimizer's DTensors need their
+    saved layout too; they are not compared one by one (a fresh optimizer has none): they follow their parameters',
+    which the model's are."""
+    given: dict[str, Any] = {"model": model.state_dict()}
+    saved_states: dict[str, Any] = {"model": data.get("model")}
+    if optimizer is not None:
+        saved_states["optimizer"] = data.get("optimizer")
+    saved = {name for name, _ in _dtensors({k: v for k, v in saved_states.items() if v is not None}, "", [])}
+    recorded = data.get("layouts")
+    recorded = recorded if isinstance(recorded, Mapping) else {}
+    mine = _layouts(given)
+    problems = []
+    for name in sorted(set(saved) | set(mine), key=lambda n: (not n.startswith("model."), n)):
+        if name in saved and not isinstance(recorded.get(name), Mapping):
+            problems.append(f"{name}: a DTensor saved without its layout (not by this torchrepro's save_checkpoint): "
+                            "which shard it holds is unknown")
+            continue
+        if name.startswith("optimizer."):
+            continue  # no layout to compare with in a fresh optimizer: its parameter's (the model's) is compared
+        want, have = recorded.get(name) if name in saved else None, mine.get(name)
+        a, b = ({k: lay.get(k) for k in _LAYOUT_KEYS} if lay is not None else None for lay in (want, have))
+        if a != b:
+            other = (" (another rank's shard)" if a and b and a["coordinate"] != b["coordinate"]
+                     and all(a[k] == b[k] for k in ("placements", "mesh_shape", "shape")) else "")
+            problems.append(f"{name}: {_layout_text(want)} in the checkpoint, {_layout_text(have)} in the model"
+                            f"{other}")
+    return problems
 
 
 def _device_kind() -> str:
@@ -83,18 +171,22 @@ def save_checkpoint(
 
     ``loader`` must have ``state_dict()`` (use :class:`torchrepro.ResumableLoader`). ``extra`` must hold only
     tensors and plain Python values, so that the checkpoint loads with ``weights_only=True``. ``generators``
-    (by name) are saved with the registered ones; pass the same names to :func:`load_checkpoint`.
+    (by name) are saved with the registered ones; pass the same names to :func:`load_checkpoint`. A model or
+    optimizer whose state holds DTensors (FSDP2, tensor parallel) is saved per rank: call it on every rank with a
+    file of that rank's own (``ckpt/rank{R}.pt``); the layouts of its shards are saved with them.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     _check_safe_extra(extra)
+    model_state, optimizer_state = model.state_dict(), _state_of("optimizer", optimizer)
+    layouts = _layouts({"model": model_state, "optimizer": optimizer_state})  # this rank's shards: which they are
     payload = {
         "format": FORMAT,
         "version": VERSION,
         "step": step,
         "extra": extra,
-        "model": model.state_dict(),
-        "optimizer": _state_of("optimizer", optimizer),
+        "model": model_state,
+        "optimizer": optimizer_state,
         "scheduler": _state_of("scheduler", scheduler),
         "scaler": _state_of("scaler", scaler),
         "data": _state_of("data", loader),
@@ -104,6 +196,8 @@ def save_checkpoint(
         "rng": json.dumps(RNGState.capture(generators).to_json()),
         "env": {"torch": str(torch.__version__), "device_kind": _device_kind()},
     }
+    if layouts:
+        payload["layouts"] = layouts
     path = Path(path)
     existed = path.is_file()
     try:
@@ -131,6 +225,18 @@ def _write_error(path: Path, exc: OSError, existed: bool) -> CheckpointWriteErro
     return err
 
 
+def _load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``; a rank's file of sharded training holds DTensors, which the safe loader
+    reads only once ``torch.distributed.tensor`` is imported: imported then (not before: it is slow to import)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if "torch.distributed.tensor" not in str(exc) or not torch.distributed.is_available():
+            raise
+    importlib.import_module("torch.distributed.tensor")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load and validate a checkpoint file safely (``weights_only=True``) without applying it."""
     path = Path(path)
@@ -140,7 +246,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(path, "does not exist.", "Check the path, or save one with save_checkpoint().")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = _load(path)
     except Exception as exc:  # a corrupt archive fails anywhere in torch.load (KeyError, AttributeError...)
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         unsafe = [ln for ln in lines if "Unsupported global" in ln]
@@ -468,6 +574,13 @@ def load_checkpoint(
     except (TypeError, ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
         raise CheckpointError(path, f"has a corrupt RNG state ({exc}); nothing was restored.",
                               "Use an earlier checkpoint.") from None
+    sharding = _sharding_problems(data, model, optimizer)
+    if sharding:
+        listing = "".join(f"\n  - {p}" for p in sharding)
+        raise ShardedStateError(path, f"does not hold this rank's shards of the model passed; nothing was restored. "
+                                f"{len(sharding)} problem(s):{listing}\nLoad each rank's own file (saved by that "
+                                "rank: rank{R}.pt) on the same device mesh, placements and number of ranks. To resume "
+                                f"on another mesh or number of ranks: {DCP_RECIPE}")
     problems = _fit_problems(data, given, rng, generators, path)
     if problems:
         listing = "".join(f"\n  - {p}" for p in problems)

@@ -84,13 +84,18 @@ def ranks_report(check: Any, doc: dict[str, Any], out: Path, *, command: str, te
     rank, lead = check.lead
     lines = text.split("\n")
     detail = next((i for i, line in enumerate(lines) if line.startswith(f"Rank {rank} in detail")), len(lines))
+    located = doc.get("locate")
     body: list[str] = [s.header(command, check.verdict, lines[0], title="torchrepro check (torchrun)"),
-                       answer(action=lead.action if lead.verdict != "identical" else None)]
+                       answer(action=lead.action if lead.verdict != "identical" else None, located=located)]
     body.append(s.cause_block(lead.cause, lead.explanation, lead.notes))
     body.append(section("Ranks", f"<pre>{esc_lines(chr(10).join(lines[1:detail]).strip())}</pre>",
                         anchor="ranks"))
     runs = loadable(lead.runs)
     body.append(section(f"Rank {rank}: runs", s.setup(runs), anchor="runs"))
+    if located is not None:  # the lead rank's traced op, as check's
+        from .._render import render_locate
+
+        body.append(locate(located, render_locate(located)))
     body += comparison(lead, runs)
     body.append(s.environment(doc.get("environment_diff"), a="run 1", b="other run"))
     body.append(s.files(out, [("JSON", out / "check.json"), ("plot (PNG)", doc.get("plot"))]))
