@@ -261,3 +261,18 @@ def test_a_shard_initialised_alike_on_every_rank_and_replicas_drawing_apart_are_
     kinds = [(x["kind"], x["name"], x["placements"]) for x in _placement(tp_broken)]
     assert kinds == [("broken-shard", "fc1.weight", ["Shard(0)"]), ("correlated", "uniform_", ["Shard(0)"]),
                      ("replicas-drew", "bernoulli_", None)] * 2
+
+
+def test_fsdp2_compiled_with_torch_compile_is_recorded_and_its_noise_named(tmp_path: Path) -> None:
+    """torch.compile on top of FSDP2 (inductor, CPU): the compiled model's DTensor parameters are recorded by local
+    shard (named as torch.compile names them, ``_orig_mod.`` first, as in one process), and the noise on rank 1's
+    shard is found as without compile."""
+    checked = Checked(tmp_path / "out", FSDP, "--compile", "--noise-rank", "1", "--noise-step", "2")
+    p, doc = checked.proc, checked.doc
+    assert p.returncode == 1, p.stderr
+    assert p.stdout.startswith("torchrepro: DIVERGED at step 2 on rank 1 (")
+    assert doc["lead_rank"] == 1 and doc["first_divergent_step"] == 2
+    assert [(d["kind"], d["names"]) for d in doc["diverged_first"]] == [("params", ["_orig_mod.fc1.weight"])]
+    assert "rank 0: DIVERGED at step 3 (" in p.stdout
+    compiled = json.loads((tmp_path / "out" / "run1" / "rank0" / "manifest.json").read_text())["compiled"]
+    assert [(c["kind"], c["backend"]) for c in compiled] == [("module", "inductor")]

@@ -19,6 +19,7 @@
                                           every rank, and each rank trains on its own rows of it, dropout off:
                                           the same model and data whatever the world size (1, 2, 4 or 8 ranks),
                                           for `torchrepro compare --full-tensors` across world sizes
+        [--compile]                       torch.compile the FSDP2 model (inductor, CPU)
 
 Each ``nn.Linear`` is ``fully_shard``-ed, then the root: every parameter is a DTensor ``Shard(0)`` on the mesh, its
 gradient and AdamW's ``exp_avg``/``exp_avg_sq`` too. The model has dropout (per-rank masks after
@@ -80,6 +81,7 @@ def main() -> int:
     p.add_argument("--tp", action="store_true")
     p.add_argument("--reseed-dropout", action="store_true")
     p.add_argument("--global-batch", action="store_true")
+    p.add_argument("--compile", action="store_true")
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args()
 
@@ -104,6 +106,8 @@ def main() -> int:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if args.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
     gen = torch.Generator().manual_seed(1000 + (0 if args.global_batch else data_rank))  # per rank: its own data
     if args.global_batch:
         model.drop.p = 0.0  # dropout masks would depend on the world size (each rank draws its own)
