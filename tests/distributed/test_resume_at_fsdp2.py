@@ -10,33 +10,14 @@ from pathlib import Path
 
 import torch
 
-from tests.inprocess import torchrepro
+from tests.distributed.resumecheck import K, restored, resume_check
 from torchrepro.record.store import load_ranks
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "fsdp2_dcp_resume.py")
 SCHEMA = "torchrepro.check-resume/1"
-K = 2
 STEPS = 4
-LIMIT_S = 300
 PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 ADAMW_STATE = sorted(f"{p}.{k}" for p in PARAMS for k in ("exp_avg", "exp_avg_sq", "step"))
-
-
-def resume_check(tmp_path: Path, *launch: str, args: tuple[str, ...] = (), json_out: bool = True,
-                 ) -> tuple[int, dict, str, str]:
-    """``check --resume-at K ARGS -- LAUNCH``, in this process; (exit code, the JSON document, stdout, stderr)."""
-    out = tmp_path / "out"
-    p = torchrepro("check", "--resume-at", str(K), "--out", str(out), *(["--json"] if json_out else []), *args, "--",
-                   *launch, timeout=LIMIT_S, cwd=tmp_path)
-    if json_out:
-        doc = json.loads(p.stdout)
-    else:
-        doc = json.loads((out / "check.json").read_text()) if (out / "check.json").is_file() else {}
-    return p.returncode, doc, p.stdout, p.stderr
-
-
-def restored(doc: dict) -> dict[str, bool | None]:
-    return {r["what"]: r["restored"] for r in doc["restored"]}
 
 
 def test_fsdp2_script_that_restores_everything_with_dcp_resumes_identically(tmp_path):

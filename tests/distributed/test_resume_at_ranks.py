@@ -7,30 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.inprocess import torchrepro
+from tests.distributed.resumecheck import K, restored, resume_check
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "ddp_resume.py")
 SCHEMA = "torchrepro.check-resume/1"
-K = 2
-LIMIT_S = 300
-
-
-def resume_check(tmp_path: Path, *launch: str, args: tuple[str, ...] = (), json_out: bool = True,
-                 ) -> tuple[int, dict, str, str]:
-    """``check --resume-at K ARGS -- LAUNCH``, in this process (tests/inprocess.py); (exit code, the JSON document:
-    stdout's, else check.json's, stdout, stderr)."""
-    out = tmp_path / "out"
-    p = torchrepro("check", "--resume-at", str(K), "--out", str(out), *(["--json"] if json_out else []), *args, "--",
-                   *launch, timeout=LIMIT_S, cwd=tmp_path)
-    if json_out:
-        doc = json.loads(p.stdout)
-    else:
-        doc = json.loads((out / "check.json").read_text()) if (out / "check.json").is_file() else {}
-    return p.returncode, doc, p.stdout, p.stderr
-
-
-def restored(doc: dict) -> dict[str, bool | None]:
-    return {r["what"]: r["restored"] for r in doc["restored"]}
 
 
 def test_ddp_loop_with_resume_point_resumes_identically_on_every_rank(tmp_path):
