@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ..control._seeds import validate_seed
@@ -63,13 +64,60 @@ def size_arg(text: str) -> int:
     return int(value)
 
 
-def runs_arg(text: str) -> int:
-    value = positive_int(text)
+AUTO = "auto"  # check --runs auto
+
+
+def runs_arg(text: str) -> int | str:
+    """``check --runs``: a number of runs (2 or more), or ``auto``.
+
+    >>> runs_arg("3"), runs_arg("auto")
+    (3, 'auto')
+    """
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of runs (2 or more) or auto, got {text!r}") from None
     if value < 2:
         raise argparse.ArgumentTypeError(
             f"check compares runs, so it needs at least 2, got {text!r}. To compare one new run with a recorded "
             "one, record it with `torchrepro run --record DIR -- ...` and use `torchrepro diff DIR_A DIR_B`.")
     return value
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ms|s|min|m|h)")
+
+
+def duration_arg(text: str) -> float:
+    """A duration in seconds: ``10m``, ``90s``, ``1h30m``, ``1.5h``, ``500ms``, or a bare number of seconds.
+
+    >>> duration_arg("10m"), duration_arg("1h30m"), duration_arg("90"), duration_arg("500ms")
+    (600.0, 5400.0, 90.0, 0.5)
+    """
+    t = text.strip().lower().replace(" ", "")
+    try:
+        value = float(t)
+    except ValueError:
+        parts = list(_DURATION_PART.finditer(t))
+        tiled = bool(parts) and "".join(m.group(0) for m in parts) == t
+        value = sum(float(m.group(1)) * _DURATION_UNITS[m.group(2)] for m in parts) if tiled else -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a duration above 0 such as 90s, 10m or 1h30m (a bare number is "
+                                         f"seconds), got {text!r}")
+    return value
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` as :func:`duration_arg` reads it back, short.
+
+    >>> duration_text(600), duration_text(90), duration_text(5400), duration_text(0.5)
+    ('10m', '90s', '90m', '0.5s')
+    """
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
 
 
 def settings_arg(text: str) -> list[str]:
@@ -186,6 +234,8 @@ def check_words(args: argparse.Namespace) -> list[str]:
     ['--runs', '4', '--seed', '0', '--nproc-per-node', '2', '--parallel']
     """
     words = ["--runs", str(args.runs)] if getattr(args, "runs", 2) != 2 else []
+    if getattr(args, "budget", None) is not None:
+        words += ["--budget", duration_text(args.budget)]
     words += launch_words(args)
     if getattr(args, "nproc_per_node", None):
         words += ["--nproc-per-node", str(args.nproc_per_node)]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core.table import printable
 from ..analysis.compare import LABELS, CheckResult
+from ._options import duration_text
 
 if TYPE_CHECKING:
     from ..analysis.resumeat import ResumeResult
@@ -60,8 +61,26 @@ def missed(runs: int, one_in: int) -> float:
     return (1 - 1 / one_in) ** (runs - 1)
 
 
-def sure_line(runs: int) -> str:
-    """What an IDENTICAL of ``runs`` runs rules out, and what it does not (``check``'s second line).
+AUTO_STOPPED = {  # check --runs auto: why it stopped adding runs (check.json's runs_auto.stopped)
+    "cap": "stopped at its cap of {runs} runs",
+    "budget": "stopped adding runs once its {budget} budget was spent (--budget)",
+    "diverged": "stopped adding runs at run {runs}, which diverged",
+}
+
+
+def auto_words(auto: dict[str, Any]) -> str:
+    """``--runs auto made 4 runs and stopped ...``: how many runs ``check --runs auto`` made and why no more.
+
+    >>> auto_words({"runs": 3, "stopped": "diverged"})
+    '--runs auto made 3 runs and stopped adding runs at run 3, which diverged'
+    """
+    why = AUTO_STOPPED[auto["stopped"]].format(runs=auto["runs"], budget=duration_text(auto.get("budget_s") or 0))
+    return f"--runs auto made {auto['runs']} runs and {why}"
+
+
+def sure_line(runs: int, auto: dict[str, Any] | None = None) -> str:
+    """What an IDENTICAL of ``runs`` runs rules out, and what it does not (``check``'s second line); ``auto``:
+    check.json's ``runs_auto`` (``--runs auto``), said first, with what would add runs.
 
     >>> line = sure_line(2)
     >>> line[:66]
@@ -69,19 +88,27 @@ def sure_line(runs: int) -> str:
     >>> line[66:]  # doctest: +NORMALIZE_WHITESPACE
     'a race that makes 1 run in 4 differ passes 2 runs 75% of the time (1 in 10: 90%).
      Use --runs 10 (a 1-in-4 race passes 8% of the time) before relying on it.'
+    >>> sure_line(4, {"runs": 4, "stopped": "budget", "budget_s": 60})  # doctest: +NORMALIZE_WHITESPACE
+    'Sure:  --runs auto made 4 runs and stopped adding runs once its 1m budget was spent (--budget): 4 runs rule
+     out a difference in every run, not a rare one: a race that makes 1 run in 4 differ passes 4 runs 42% of the
+     time (1 in 10: 73%). A larger --budget adds runs (10 runs: a 1-in-4 race passes 8% of the time).'
     """
-    line = (f"Sure:  {runs} runs rule out a difference in every run, not a rare one: a race that makes 1 run in 4 "
-            f"differ passes {runs} runs {missed(runs, 4):.0%} of the time (1 in 10: {missed(runs, 10):.0%}).")
-    if runs < 10:
+    line = (f"Sure:  {auto_words(auto) + ': ' if auto else ''}{runs} runs rule out a difference in every run, not a "
+            f"rare one: a race that makes 1 run in 4 differ passes {runs} runs {missed(runs, 4):.0%} of the time (1 in "
+            f"10: {missed(runs, 10):.0%}).")
+    if runs < 10 and auto:
+        line += f" A larger --budget adds runs (10 runs: a 1-in-4 race passes {missed(10, 4):.0%} of the time)."
+    elif runs < 10:
         line += f" Use --runs 10 (a 1-in-4 race passes {missed(10, 4):.0%} of the time) before relying on it."
     return line
 
 
 def render(result: CheckResult, *, what: str, plot: str | None = None, detail_only: bool = False,
-           report: str | Path | None = None, sure: bool = False) -> str:
+           report: str | Path | None = None, sure: bool = False, auto: dict[str, Any] | None = None) -> str:
     """The summary of a comparison; ``detail_only``: what diverged, how it grew and the notes, without the verdict
     line, cause, next action, plot and runs (``check --resume-at`` gives its own); ``sure``: under an identical
-    verdict, say what the number of runs rules out (:func:`sure_line`: ``check``, whose runs the user chose)."""
+    verdict, say what the number of runs rules out (:func:`sure_line`: ``check``, whose runs the user chose; ``auto``:
+    how many ``--runs auto`` made, and why no more)."""
     lines: list[str] = []
     if detail_only:
         if result.verdict != "identical":
@@ -89,7 +116,7 @@ def render(result: CheckResult, *, what: str, plot: str | None = None, detail_on
     elif result.verdict == "identical":
         lines.append(headline(result, what=what))
         if sure:
-            lines.append(sure_line(len(result.runs)))
+            lines.append(sure_line(len(result.runs), auto))
         warning = (result.working_directory or {}).get("warning")
         if warning:
             lines.append(f"Warning: {warning}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import io
 import json
 import os
 import runpy
@@ -122,6 +123,14 @@ def _redirect_output(rank_dir: Path) -> None:
         os.close(target)
 
 
+def _line_buffered() -> None:
+    """Make stdout line-buffered, as on a terminal (written to a file it would wait for 8 KiB): each line the script
+    prints reaches ``stdout.txt`` at once, in one write, where check's progress and ``--show-output`` read it."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.line_buffering:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.reconfigure(line_buffering=True)
+
+
 def _run_code(code: str) -> None:
     """Run ``python -c CODE`` as ``__main__``, as the interpreter would (cwd first on sys.path)."""
     import types
@@ -186,6 +195,7 @@ def _child_main(argv: list[str]) -> int:
     if recorder is not None:
         _write_summary_on_os_exit(end)
     kind, target, args = argv[0], argv[1], argv[2:]
+    _line_buffered()
     sys.argv = ["-c" if kind == "code" else target, *args]
     ThreadEnvAtImport().install()  # a thread count the script exports before its `import torch` still counts
     freeze_heap()  # only import-time objects so far: the script's own stay collectable

@@ -23,30 +23,96 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._core.errors import Interrupted, ScriptError
+from .._core.errors import Interrupted, ReproError, ScriptError
+from .._core.table import printable
 from .divergence import stop_plan
 from .launcher import GatedLaunch, LaunchOptions, RunResult, launch, parse_python_command, start_gated
 from .outdir import check_run_dir, make_dir
 from .runfailure import CHECK, FailureWords, failed, run_failure
+from .runoutput import RunOutput
 from .store import read_trace_lines
 from .workdir import COPY_OF_ENV, WorkdirWatch, check_copyable, copy_workdir, left_out_text, script_in_copy
+
+PROGRESS_ENV = "TORCHREPRO_PROGRESS_INTERVAL"  # seconds between two plain progress lines of a run (default 10)
+DEFAULT_INTERVAL_S = 10.0
+_show_output: list[bool] = [False]  # the innermost showing_output() is last
+
+
+@contextlib.contextmanager
+def showing_output(on: bool = True) -> Iterator[None]:
+    """While active, the runs that a :class:`RunLoop` made here launches show their scripts' stdout and stderr on
+    stderr as they run, each line after ``[run i]`` (``check --show-output``); the run directory's files keep them.
+
+    >>> with showing_output():
+    ...     Progress(2).show
+    True
+    """
+    _show_output.append(on)
+    try:
+        yield
+    finally:
+        _show_output.pop()
+
+
+def progress_interval(environ: Mapping[str, str] | None = None) -> float:
+    """The seconds between two plain progress lines of a run: ``TORCHREPRO_PROGRESS_INTERVAL``, or 10.
+
+    >>> progress_interval({}), progress_interval({"TORCHREPRO_PROGRESS_INTERVAL": "60"})
+    (10.0, 60.0)
+    """
+    text = (os.environ if environ is None else environ).get(PROGRESS_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ReproError(f"{PROGRESS_ENV}={text!r}: expected the seconds between two progress lines of a run (0 or "
+                         f"more, e.g. 30); unset it for the default of {DEFAULT_INTERVAL_S:g}.")
+    return value
+
+
+def elapsed(seconds: float) -> str:
+    """``12 s``, ``3 min 05 s``, ``1 h 02 min``: how long a run has been going.
+
+    >>> elapsed(12.4), elapsed(185), elapsed(3720)
+    ('12 s', '3 min 05 s', '1 h 02 min')
+    """
+    s = int(seconds)
+    if s < 60:
+        return f"{s} s"
+    return f"{s // 60} min {s % 60:02d} s" if s < 3600 else f"{s // 3600} h {s // 60 % 60:02d} min"
 
 
 class Progress:
     """Progress on stderr: rich when available and on a terminal, plain lines otherwise.
 
     ``what`` names the command in the plain lines (``torchrepro bench: run 1/3 (default) ...``); none for check
-    (``torchrepro: run 1/3 ...``)."""
+    (``torchrepro: run 1/3 ...``). ``upto``: ``total`` is the most runs there may be (``run 3 of up to 10``).
 
-    def __init__(self, total: int, what: str = "") -> None:
-        self.total = total
+    While a run runs, its steps recorded, time and last output line are shown (:class:`~.runoutput.RunOutput`):
+    on a terminal one live line per running run; otherwise a line at most every ``TORCHREPRO_PROGRESS_INTERVAL``
+    seconds (10) per run, when its steps or last line changed. Under :func:`showing_output`, every line the script
+    writes follows ``[run i]``. Lines are written whole, one write each, under one lock: runs at once
+    (``--parallel``) never share a line. An error while showing a run (its files unreadable, stderr closed) stops
+    the display of that run and is raised once the run has ended (:meth:`end`): the run itself is not disturbed.
+    """
+
+    def __init__(self, total: int, what: str = "", *, upto: bool = False) -> None:
+        self.total, self.upto = total, upto
         self.prefix = f"torchrepro {what}:" if what else "torchrepro:"
+        self.every = progress_interval()
+        self.show = _show_output[-1]
+        self._lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
         self._rich: Any = None
         if sys.stderr.isatty():
             try:
@@ -67,22 +133,98 @@ class Progress:
         if self._rich is not None:
             self._rich.__exit__(*exc)
 
-    def start(self, i: int, label: str = "") -> Callable[[int], None]:
-        """Say that run ``i`` starts; return the callback the launch calls with the steps recorded so far."""
-        desc = f"run {i}/{self.total}{label}"
+    def name(self, i: int, label: str = "") -> str:
+        """``run 2/3 (deterministic)``, or ``run 3 of up to 10``."""
+        return f"run {i} of up to {self.total}{label}" if self.upto else f"run {i}/{self.total}{label}"
+
+    def say(self, line: str) -> None:
+        """Write one whole line on stderr (above the live lines on a terminal)."""
+        with self._lock:
+            if self._rich is not None:
+                self._rich.console.print(line, highlight=False, markup=False, soft_wrap=True)
+            else:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+
+    def start(self, i: int, label: str = "", run_dir: Path | None = None) -> Callable[[int], None]:
+        """Say that run ``i`` starts; return the callback the launch calls with the steps recorded so far (about
+        five times a second). ``run_dir``: where its output files are (none: steps and time only)."""
+        desc = self.name(i, label)
+        task = None
         if self._rich is None:
-            print(f"{self.prefix} {desc} ...", file=sys.stderr, flush=True)
-            return lambda steps: None
-        task = self._rich.add_task(f"{desc}: starting", total=None)
-        return lambda steps: self._rich.update(task, description=f"{desc}: {steps} steps recorded")
+            self.say(f"{self.prefix} {desc} ...")
+        else:
+            task = self._rich.add_task(f"{desc}: starting", total=None)
+        lines = functools.partial(self._line, i) if self.show else None
+        live = _Live(self, desc, task, RunOutput(run_dir, lines) if run_dir is not None else None)
+        with self._lock:
+            self._live[i] = live
+        return live
+
+    def _line(self, i: int, source: str, text: str) -> None:
+        self.say(f"[run {i}{' ' + source if source else ''}] {printable(text)}")
+
+    def end(self, i: int, *, quiet: bool = False) -> None:
+        """Run ``i`` has ended: show the rest of its output, remove its live line; raise what went wrong while it
+        was shown (``quiet``: not, another error is on its way)."""
+        with self._lock:
+            live = self._live.pop(i, None)
+        if live is None:
+            return
+        if self._rich is not None and live.task is not None:
+            self._rich.remove_task(live.task)
+        error = live.error
+        if error is None and live.output is not None:
+            try:
+                live.output.close()
+            except Exception as exc:  # noqa: BLE001 - raised below, as while the run ran
+                error = exc
+        if error is not None and not quiet:
+            raise error
 
     def done(self, i: int, result: RunResult, seconds: float, label: str = "") -> None:
         steps = (result.manifest or {}).get("steps", 0)
-        msg = f"{self.prefix} run {i}/{self.total}{label} {result.status}: {steps} steps in {seconds:.1f}s"
-        if self._rich is not None:
-            self._rich.console.print(msg, highlight=False)
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        self.say(f"{self.prefix} {self.name(i, label)} {result.status}: {steps} steps in {seconds:.1f}s")
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+class _Live:
+    """What is shown of one running run; called with its steps recorded so far (:meth:`Progress.start`)."""
+
+    def __init__(self, progress: Progress, desc: str, task: Any, output: RunOutput | None) -> None:
+        self.progress, self.desc, self.task, self.output = progress, desc, task, output
+        self.started = self.said_at = time.monotonic()
+        self.said: tuple[int, str] = (0, "")
+        self.error: BaseException | None = None
+
+    def __call__(self, steps: int) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._show(steps)
+        except Exception as exc:  # noqa: BLE001 - the run goes on; Progress.end raises it once the run has ended
+            self.error = exc
+
+    def _show(self, steps: int) -> None:
+        p = self.progress
+        if self.output is not None:
+            self.output.poll()
+        last = self.output.last if self.output is not None and not p.show else ""  # streamed: not repeated
+        now = time.monotonic()
+        if p._rich is not None:
+            from rich.markup import escape
+
+            p._rich.update(self.task, description=escape(f"{self.desc}: {_steps(steps)} recorded" +
+                                                          (f"; last output: {last}" if last else "")))
+            return
+        if (steps, last) == self.said or now - self.said_at < p.every:
+            return
+        self.said, self.said_at = (steps, last), now
+        p.say(f"{p.prefix} {self.desc}: {_steps(steps)}, {elapsed(now - self.started)}" +
+              (f"; last output: {last}" if last else ""))
 
 
 SharedWords = Callable[[list[dict[str, Any]]], "str | None"]
@@ -213,14 +355,15 @@ class RunLoop:
     ``out`` must already be checked and locked by the caller. ``total``: the runs the progress counts; ``first``:
     the number of the first run (a series continued in parts); ``number``: the first run's number as
     ``isolation`` counts runs (``compare`` records A and B as runs 1 and 2 of one watch). ``words``: how a failed
-    run is worded (:class:`~.runfailure.FailureWords`)."""
+    run is worded (:class:`~.runfailure.FailureWords`). ``upto``: ``total`` is the most runs there may be
+    (``check --runs auto``)."""
 
     def __init__(self, out: Path, total: int, *, isolation: Isolation | None = None, what: str = "",
-                 words: FailureWords = CHECK, first: int = 1, number: int = 1) -> None:
+                 words: FailureWords = CHECK, first: int = 1, number: int = 1, upto: bool = False) -> None:
         self.out, self.total, self.first, self.number = out, total, first, number
         self.isolation = isolation or Isolation()
         self.words = words
-        self.progress = Progress(total, what)
+        self.progress = Progress(total, what, upto=upto)
 
     def __enter__(self) -> RunLoop:
         self.progress.__enter__()
@@ -253,15 +396,21 @@ class RunLoop:
                                                                   on_poll=update), run.shown)
 
     def tracked(self, i: int, run_dir: Path, go: Callable[[Any], RunResult], label: str = "") -> RunResult:
-        """``go(on_poll)`` as run ``i``, with progress; an interruption says where the run's output is."""
-        update = self.progress.start(i, label)
+        """``go(on_poll)`` as run ``i``, with progress (its output followed in ``run_dir``); an interruption says
+        where the run's output is."""
+        update = self.progress.start(i, label, run_dir)
         t0 = time.perf_counter()
         try:
             result = go(update)
         except Interrupted as exc:
+            self.progress.end(i, quiet=True)
             raise Interrupted(exc.signum, f"{exc} Run {i} of {self.total}{label} was interrupted; the output "
                                           f"so far is in {run_dir.parent} (its stderr: {run_dir / 'stderr.txt'})."
                               ) from None
+        except BaseException:
+            self.progress.end(i, quiet=True)
+            raise
+        self.progress.end(i)
         self.progress.done(i, result, time.perf_counter() - t0, label)
         return result
 
@@ -287,12 +436,15 @@ class RunLoop:
         return result, self.done(i, run_dir, result, run.shown, again=again, check=check)
 
     def run_all(self, plan: list[PlannedRun], *, prestart: bool = False, parallel: bool = False,
-                after: Callable[[int, Launched], None] | None = None) -> list[Path]:
+                after: Callable[[int, Launched], None] | None = None,
+                go_on: Callable[[int, Path], bool] | None = None) -> list[Path]:
         """Run every run of ``plan`` into ``out/run<first>...``; raise ScriptError at the first that failed.
 
         ``prestart``: start run i+1's interpreter while run i runs, held before its script until run i has ended
         (one process per run, POSIX). ``parallel``: all at once (:mod:`.parallel`). ``after(i, launched)`` is
-        called after each run and may raise (a problem stops the plan at once)."""
+        called after each run and may raise (a problem stops the plan at once). ``go_on(i, run_dir)`` (one after
+        the other only): called after each run; False ends the plan there (a prestarted next run is ended before
+        its script starts, its directory removed). Returns the directories of the runs made."""
         dirs = [self.out / f"run{i}" for i in range(self.first, self.first + len(plan))]
         if parallel:
             from .parallel import run_parallel
@@ -318,6 +470,12 @@ class RunLoop:
                 result = waiting.release(self, i) if waiting is not None else self.launch(i, ready, run_dir)
                 waiting = following
                 self._finished(i, run, run_dir, result, after)
+                if go_on is not None and not go_on(i, run_dir):
+                    if following is not None:  # never run: its copy of the cwd is no copy of the check's
+                        following.cancel()
+                        if following.copy is not None and str(following.copy) in self.isolation.copies:
+                            self.isolation.copies.remove(str(following.copy))
+                    return dirs[:k + 1]
         return dirs
 
     def _finished(self, i: int, run: PlannedRun, run_dir: Path, result: RunResult,
@@ -395,12 +553,14 @@ def run_series(out: Path, plan: list[tuple[str, list[str], LaunchOptions]], *, w
 
 def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions, isolation: Isolation | None = None, *,
                  stop_after: int | None = None, parallel: bool = False, prestart: bool = True,
-                 number: int = 1) -> list[Path]:
+                 number: int = 1, go_on: Callable[[int, Path], bool] | None = None) -> list[Path]:
     """``check``'s runs: ``command`` ``n`` times into ``out/run1..runN``; raise ScriptError on a failed run.
 
     ``stop_after``: each later run is compared with run 1 as it records and stopped that many steps after its
     first divergence (None: every run runs to its end); with ``parallel`` all runs are stopped that many steps
-    after the first divergence of any. ``prestart`` applies to runs of one process (not torchrun launches)."""
+    after the first divergence of any. ``prestart`` applies to runs of one process (not torchrun launches).
+    ``go_on(i, run_dir)``: asked after each run whether to run the next (``check --runs auto``: ``n`` is then the
+    most runs there may be); returns the directories of the runs made."""
     parse_python_command(command)  # validate before starting anything
     dirs = [out / f"run{i}" for i in range(1, n + 1)]
     plan = []
@@ -412,5 +572,6 @@ def execute_runs(command: list[str], out: Path, n: int, opts: LaunchOptions, iso
             opts_i = dataclasses.replace(opts, divergence_stop=stop_plan([dirs[0], run_dir], 1, stop_after,
                                                                          numbers=[1, i]))
         plan.append(PlannedRun(command, opts_i))
-    with RunLoop(out, n, isolation=isolation, number=number) as loop:
-        return loop.run_all(plan, prestart=prestart and not opts.ranks.nproc_per_node, parallel=parallel)
+    with RunLoop(out, n, isolation=isolation, number=number, upto=go_on is not None) as loop:
+        return loop.run_all(plan, prestart=prestart and not opts.ranks.nproc_per_node, parallel=parallel,
+                            go_on=go_on)
