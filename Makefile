@@ -57,3 +57,13 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis demo-out site build dist src/torchrepro.egg-info
+
+# The one prepared GPU check (tools/gpu_check.py; docs/development.md, "When a GPU is lent"). No $(STAMP): the lent
+# GPU machine reaches no package registry, and its python3 already holds a CUDA torch; torchrepro is imported from
+# src/. GPU_PY: the venv's python when there is one, else python3. GPU_CHECK_ARGS=--dry-run runs it on the CPU.
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_CHECK_ARGS ?=
+
+.PHONY: gpu-check
+gpu-check:
+	$(GPU_PY) tools/gpu_check.py $(GPU_CHECK_ARGS)
