@@ -78,7 +78,7 @@ def test_a_new_cause_is_one_entry_that_check_compare_resume_and_the_report_rende
 
 
 def test_check_locate_skips_what_the_registry_says_is_untraced(dummy: Cause, tmp_path: Path) -> None:
-    from torchrepro.cli.check_cmd import run_locate
+    from torchrepro.cli._locate import run_locate
     from torchrepro.record.launcher import LaunchOptions
 
     located = run_locate(["python", "t.py"], tmp_path, _diverged(dummy.name), LaunchOptions(), 1)

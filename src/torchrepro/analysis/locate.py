@@ -150,7 +150,7 @@ class LocateResult:
     @property
     def from_other_rank(self) -> bool:
         """An origin that is a collective: identical inputs here, other values received from another rank."""
-        return self.verdict == "origin" and bool(self.op_a) and self.op_a["op"].startswith(COLLECTIVE_PREFIXES)
+        return self.verdict == "origin" and self.op_a is not None and self.op_a["op"].startswith(COLLECTIVE_PREFIXES)
 
     @property
     def title(self) -> str:

@@ -63,7 +63,7 @@ def _locate(args: argparse.Namespace, command: list[str], out: Path, check: Rank
     streams of the rank that diverged first (the lead rank) are compared; the others follow it through the
     collectives (a collective is named as such on them)."""
     from ..analysis.locate import VERDICTS
-    from .check_cmd import LOCATED_NEXT, locate_keeping_verdict
+    from ._locate import LOCATED_NEXT, locate_keeping_verdict
 
     if check.verdict == "identical":
         return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
