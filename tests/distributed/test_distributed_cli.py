@@ -196,11 +196,15 @@ Root Cause (first observed failure):
     assert torchrun_failures("") == ({}, None)
 
 
-def test_locate_with_ranks_is_refused_before_anything_runs(tmp_path, capsys):
+def test_locate_with_ranks_of_identical_runs_has_nothing_to_locate(tmp_path, capsys):
+    """`check --locate` under torchrun (refused before; a divergence is located in
+    tests/distributed/test_locate_sharded.py): identical runs are not traced again."""
     rc = main(["check", "--locate", "--out", str(tmp_path / "o"), "--nproc-per-node", "2", "--", "python", SCRIPT])
-    assert rc == 2
-    assert "--locate does not trace runs of several ranks yet" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "\nLocate (rank 0): the runs are identical: nothing to locate" in out
+    assert json.loads((tmp_path / "o" / "check.json").read_text())["locate"]["verdict"] == "nothing-to-locate"
+    assert not (tmp_path / "o" / "locate").exists()  # no traced re-runs
 
 
 def _rank(steps: int) -> Run:

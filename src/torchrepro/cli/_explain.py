@@ -44,19 +44,34 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
-def overhead_text(over: float | None, ci: Any) -> str:
-    """An overhead and its 95% interval, said to be not significant when the interval includes zero.
+NOT_SIGNIFICANT = "n.s."  # beside an overhead in a table: its 95% interval includes 0
+NOT_SIGNIFICANT_NOTE = ("n.s.: not significant: the 95% interval includes 0, so this overhead is not told apart from "
+                        "noise (more --rounds and --steps narrow it)")
+
+
+def overhead_text(over: float | None, ci: Any, *, short: bool = False) -> str:
+    """An overhead and its 95% interval, said to be not significant when the interval includes zero (``short``:
+    marked ``n.s.``, for a table cell, with :data:`NOT_SIGNIFICANT_NOTE` under the table).
 
     >>> overhead_text(0.052, [0.031, 0.074])
     '+5.2% (+3.1% to +7.4%)'
     >>> overhead_text(7.659, [-0.116, 21.6])
     '+765.9% (-11.6% to +2160.0%; not significant: the interval includes 0)'
+    >>> overhead_text(7.659, [-0.116, 21.6], short=True)
+    '+765.9% (-11.6% to +2160.0%) n.s.'
     """
     if over is None:
         return "-"
     lo, hi = ci
     text = f"{_pct(over)} ({_pct(lo)} to {_pct(hi)}"
-    return text + ("; not significant: the interval includes 0)" if lo <= 0 <= hi else ")")
+    if not lo <= 0 <= hi:
+        return text + ")"
+    return text + (f") {NOT_SIGNIFICANT}" if short else "; not significant: the interval includes 0)")
+
+
+def significance_notes(cells: list[str]) -> list[str]:
+    """The note under a table whose cells mark an overhead ``n.s.``; none when no cell does."""
+    return [NOT_SIGNIFICANT_NOTE] if any(c.endswith(f" {NOT_SIGNIFICANT}") for c in cells) else []
 
 
 def render_explain(doc: dict[str, Any]) -> str:
@@ -66,11 +81,12 @@ def render_explain(doc: dict[str, Any]) -> str:
     for part in doc["explain"]:
         where = f" ({part['precision']})" if part["precision"] else ""
         rows = [[s["setting"], s["title"],
-                 s["reason"] if s["overhead"] is None else overhead_text(s["overhead"], s["overhead_ci"])]
+                 s["reason"] if s["overhead"] is None else overhead_text(s["overhead"], s["overhead_ci"], short=True)]
                 for s in part["settings"]]
         lines += [f"What each setting of deterministic mode costs{where}: deterministic mode with it vs without "
                   "it, paired runs (95% CI)",
-                  render_table(["setting", "what it sets", "cost (95% CI)"], rows), ""]
+                  render_table(["setting", "what it sets", "cost (95% CI)"], rows),
+                  *significance_notes([r[2] for r in rows]), ""]
         lines += [f"Checks ({CHECK_RUNS} runs each, compared bitwise), leaving out the costliest setting first:"]
         for c in part["checks"]:
             name = "the script's own settings" if not detcost.recommendation(

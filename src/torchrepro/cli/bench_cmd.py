@@ -27,7 +27,7 @@ from ..measure.models import BUILTINS, PRECISIONS
 from ..measure.variance import TimeStats, overhead_ci
 from ..record.launcher import CommandError, LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
-from ._explain import overhead_text, verify_left_out
+from ._explain import overhead_text, significance_notes, verify_left_out
 from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
 from ._usage import COMMAND_TAIL, set_usage
@@ -223,7 +223,7 @@ def _bytes(n: int | None, kind: str | None) -> str:
 def render_bench(doc: dict[str, Any]) -> str:
     rows = []
     for r in doc["results"]:
-        over = "baseline" if r["overhead"] is None else overhead_text(r["overhead"], r["overhead_ci"])
+        over = "baseline" if r["overhead"] is None else overhead_text(r["overhead"], r["overhead_ci"], short=True)
         rows.append([r["config"], f"{r['median_ms']:.2f}", f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}", over,
                      _bytes(r["peak_memory"]["bytes"], r["peak_memory"]["kind"])])
     baseline = doc["results"][0]["variant"]
@@ -232,7 +232,8 @@ def render_bench(doc: dict[str, Any]) -> str:
     what = f"builtin {doc['builtin']}" if doc["builtin"] else f"`{' '.join(doc['command'])}`"
     lines = [f"torchrepro bench: {what} on {doc['device']} ({doc['threads']} CPU threads, torch {doc['torch']})",
              f"{doc['rounds']} run(s) per variant, each {doc['warmup']} warm-up + {doc['steps']} timed steps; "
-             f"run order: {', '.join(doc['order'][:8])}{' ...' if len(doc['order']) > 8 else ''}", "", table]
+             f"run order: {', '.join(doc['order'][:8])}{' ...' if len(doc['order']) > 8 else ''}", "", table,
+             *significance_notes([row[3] for row in rows])]
     lines += [f"note: {n}" for n in doc["notes"]]
     if doc.get("explain"):
         from ._explain import render_explain
