@@ -62,12 +62,9 @@ def _locate(args: argparse.Namespace, command: list[str], out: Path, check: Rank
     """``--locate`` under torchrun: two more launches trace the first divergent step on every rank, and the op
     streams of the rank that diverged first (the lead rank) are compared; the others follow it through the
     collectives (a collective is named as such on them)."""
-    from ..analysis.locate import VERDICTS
     from ._locate import LOCATED_NEXT, locate_keeping_verdict
 
-    if check.verdict == "identical":
-        return {"verdict": "nothing-to-locate", "title": VERDICTS["nothing-to-locate"]}
-    if check.verdict != "diverged":  # desynchronised: every rank repeats itself; nothing differs between runs
+    if check.verdict == "desynchronised":  # desynchronised: every rank repeats itself; nothing differs between runs
         return {"verdict": "skipped", "title": "not traced: every rank repeats itself across runs, so the op "
                 "streams of two runs would agree; the ranks' replicas part (above), which --locate does not trace"}
     rank, lead = check.lead
