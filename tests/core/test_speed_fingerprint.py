@@ -242,7 +242,7 @@ def test_a_tensor_inside_functionalize_gets_a_clear_error():
 
 
 _SET_DURING_HASH = """
-import importlib, sys, threading, time, torch
+import importlib, random, sys, threading, time, torch
 F = importlib.import_module("torchrepro._core.fingerprint")
 t = torch.ones(16 << 20)  # 64 MiB: xxhash releases the GIL while it reads
 expected = F.fingerprint(t)
@@ -253,6 +253,24 @@ time.sleep(0.05)
 t.set_(torch.zeros(3))  # the tensor lets go of its storage while another thread hashes it
 h.join()
 assert digests and set(digests) <= {expected, F.fingerprint(torch.zeros(3))}, digests
+# set_() at 40 moments while 1 MiB tensors are hashed: each digest is the old tensor's or the new one's, never a mix
+# of one's shape and the other's bytes, and a set_() seen halfway (storage swapped, shape not yet) is no error
+random.seed(0)
+for trial in range(40):
+    u = torch.ones(1 << 18)
+    seen, errors = [], []
+    def hash_u():
+        try:
+            seen.extend(F.plain_cpu_fingerprint(u) for _ in range(100))
+        except Exception as e:
+            errors.append(repr(e))
+    h = threading.Thread(target=hash_u)
+    h.start()
+    time.sleep(random.random() * 0.005)
+    u.set_(torch.zeros(3))
+    h.join()
+    assert not errors and set(seen) <= {F.fingerprint(torch.ones(1 << 18)), F.fingerprint(torch.zeros(3))}, (
+        trial, errors, set(seen))
 print("ok", len(digests))
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ from .tensorbits import (
     _QUANTIZED_DTYPES,
     _SMALL_BYTES,
     _STRIDED,
+    UnfingerprintableError,
     _composite,
     _direct_bytes,
     _flat_bits,
@@ -336,10 +338,15 @@ def _cpu_bytes(t: torch.Tensor) -> Any:
 def _digest_xxh3(t: torch.Tensor, buf: Any = None, header: bytes | None = None) -> str:
     """The XXH3 fingerprint of a CPU tensor; ``buf``, ``header``: its bytes and header when the caller has them.
 
-    The header is read before the bytes: a tensor that another thread ``set_()``s to other memory meanwhile
-    gets its old digest (the bytes read in place stay allocated while they are hashed)."""
-    header = header if header is not None else _header(t)
-    buf = buf if buf is not None else _cpu_bytes(t)
+    A tensor that another thread ``set_()``s to other memory meanwhile gets its old or its new digest, never a
+    mix of the two: the bytes read in place stay allocated while they are hashed, and a shape that changed while
+    the header and the bytes were read has them read again."""
+    if header is None or buf is None:
+        shape = t.shape
+        header = header if header is not None else _header(t)
+        buf = buf if buf is not None else _cpu_bytes(t)
+        if t.shape != shape:  # set_() between the header and the bytes: read both again
+            return _digest_xxh3(t)
     parts = xxhash.xxh3_128_digest(buf) if 0 < len(buf) <= CHUNK else _xxh3_parts(buf)  # one chunk: no loop
     return cast(str, xxhash.xxh3_128_hexdigest(header + b"|" + parts))
 
@@ -347,14 +354,15 @@ def _digest_xxh3(t: torch.Tensor, buf: Any = None, header: bytes | None = None) 
 def _digests_xxh3(tensors: Sequence[torch.Tensor]) -> list[str]:
     """:func:`_digest_xxh3` of many CPU tensors; those read in place have their chunks hashed in parallel together
     (:func:`_parts_of_many`). A tensor whose bytes must be copied out is hashed at once, alone: no more than one
-    such copy exists at a time. Headers are read before the bytes, as in :func:`_digest_xxh3`."""
+    such copy exists at a time. A tensor ``set_()`` meanwhile is read as in :func:`_digest_xxh3`."""
     out: list[str] = [""] * len(tensors)
     direct: list[tuple[int, bytes, Any]] = []  # (index, header, bytes in place)
     for i, t in enumerate(tensors):
+        shape = t.shape
         header = _header(t)
         buf = _direct_bytes(t)
-        if buf is None:
-            out[i] = _digest_xxh3(t, None, header)
+        if buf is None or t.shape != shape:  # copied out, or set_() meanwhile: read again, alone
+            out[i] = _digest_xxh3(t)
         else:
             direct.append((i, header, buf))
     hexdigest = xxhash.xxh3_128_hexdigest
@@ -370,11 +378,33 @@ def plain_cpu_fingerprint(t: torch.Tensor) -> str | None:
             or t.is_nested):
         return None
     _usage[ALGORITHM_XXH3] = _usage.get(ALGORITHM_XXH3, 0) + 1
-    header = _header_cache.get((t.dtype, t.shape)) or _header(t)
+    shape = t.shape
+    header = _header_cache.get((t.dtype, shape)) or _header(t)
     buf = _plain_bytes(t) if type(t) in _PLAIN_TENSOR_TYPES else None  # most tensors: read in place
+    if t.shape != shape:  # another thread set_() it to other memory between the header and the bytes: again
+        return plain_cpu_fingerprint(t)
     if buf is not None and len(buf) <= CHUNK:  # one chunk (most op tensors): no loop, no checks to repeat
         return cast(str, _hexdigest(header + b"|" + _digest(buf)))
-    return _digest_xxh3(t, buf, header)
+    try:
+        return _digest_xxh3(t, buf, header)
+    except UnfingerprintableError:
+        if _changing(t, shape):  # caught halfway through another thread's set_(): its new storage, old shape
+            return plain_cpu_fingerprint(t)
+        raise
+
+
+def _changing(t: torch.Tensor, shape: torch.Size, wait_s: float = 0.2) -> bool:
+    """Whether ``t``'s shape changes within ``wait_s``: a ``set_()`` in another thread (torch releases the GIL in
+    it) can be seen halfway, the storage swapped and the shape not yet. A storage freed to 0 bytes (FSDP frees
+    its unsharded parameters so) is not waited for."""
+    if t.untyped_storage().nbytes() == 0:
+        return False
+    deadline = time.monotonic() + wait_s
+    while t.shape == shape:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def small_cpu_fingerprint_at(t: torch.Tensor) -> tuple[str, int] | None:
