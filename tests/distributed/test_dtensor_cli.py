@@ -11,14 +11,13 @@ every rank and a dropout on a replicated activation (a broken shard, correlated 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro.record.store import GRAD_VALUES_ENV, load_ranks, load_values
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -29,8 +28,8 @@ STEPS = "3"
 
 
 def torchrepro(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True,
-                          timeout=LIMIT_S, env={**os.environ, **(env or {})})
+    """``torchrepro ARGS`` in this process (tests/inprocess.py); the runs and their ranks are processes."""
+    return in_process(*args, env=env, timeout=LIMIT_S)
 
 
 class Checked:

@@ -7,16 +7,15 @@ the runs it recorded (compare of run directories, copies without the full view, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro._core.errors import RunsNotComparableError
 from torchrepro.analysis.rankcompare import compare_rank_runs
 from torchrepro.record.fullview import FULL
@@ -35,8 +34,8 @@ FULL_SHAPES = {"fc1.weight": [16, 8], "fc1.bias": [16], "fc2.weight": [4, 16], "
 
 
 def torchrepro(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True,
-                          timeout=LIMIT_S, env={**os.environ}, cwd=cwd)
+    """``torchrepro ARGS`` in this process (tests/inprocess.py); the runs and their ranks are processes."""
+    return in_process(*args, cwd=cwd, timeout=LIMIT_S)
 
 
 class Compared:

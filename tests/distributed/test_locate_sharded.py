@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro.analysis.locate import alias_op, locate_ops
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -61,23 +61,35 @@ def test_the_all_gather_buffer_is_unknown_until_the_collective_fills_it():
                               "rank's inputs were identical: the difference began on another rank.")
 
 
+ARGS = ("--steps", "3", "--noise-rank", "1", "--noise-step", "2")
+
+
 @pytest.fixture(scope="module")
-def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two recordings of an FSDP2 script on 2 ranks whose rank 1 adds a number from os.urandom to its shard in step 2,
+def located(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`check --locate --nproc-per-node 2` of an FSDP2 script whose rank 1 adds a number from os.urandom to its shard
+    in step 2: (the command's result, its --out). Its locate/run1 and locate/run2 are two recordings of every rank
     with the op trace of step 2."""
+    out = tmp_path_factory.mktemp("fsdp_located") / "out"
+    p = in_process("check", "--locate", "--json", "--nproc-per-node", "2", "--out", str(out), "--", "python", FSDP,
+                   *ARGS, timeout=600)
+    return p, out
+
+
+@pytest.fixture(scope="module")
+def traced(located, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two recordings with the op trace of step 2: ``a`` made by `torchrepro run --trace-steps 2` under torchrun,
+    ``b`` the second of the check's --locate recordings."""
     root = tmp_path_factory.mktemp("fsdp_traced")
-    for name in ("a", "b"):
-        p = subprocess.run([sys.executable, "-m", "torchrepro", "run", "--record", str(root / name), "--nproc-per-node",
-                            "2", "--trace-steps", "2", "--", "python", FSDP, "--steps", "3", "--noise-rank", "1",
-                            "--noise-step", "2"], capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
+    p = in_process("run", "--record", str(root / "a"), "--nproc-per-node", "2", "--trace-steps", "2", "--", "python",
+                   FSDP, *ARGS, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (root / "b").symlink_to(located[1] / "locate" / "run2")
     return root
 
 
 def _locate(traced: Path, rank: int, out: Path) -> str:
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", str(traced / "a" / f"rank{rank}"),
-                        str(traced / "b" / f"rank{rank}"), "--out", str(out)], capture_output=True, text=True,
-                       timeout=300)
+    p = in_process("diff", "--locate", str(traced / "a" / f"rank{rank}"), str(traced / "b" / f"rank{rank}"),
+                   "--out", str(out), timeout=300)
     assert p.returncode == 1, p.stderr[-3000:]
     return p.stdout
 
@@ -98,13 +110,10 @@ def _line(code: str) -> int:
     return next(i for i, line in enumerate(Path(FSDP).read_text().splitlines(), start=1) if line.strip() == code)
 
 
-def test_check_locate_under_torchrun_traces_every_rank_and_names_the_lead_ranks_op(tmp_path):
+def test_check_locate_under_torchrun_traces_every_rank_and_names_the_lead_ranks_op(located, tmp_path):
     """`check --locate --nproc-per-node 2` (refused before): the rank that diverged first is traced in two more
     launches and its op named, in the text, check.json and report.html."""
-    out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--locate", "--json", "--nproc-per-node", "2",
-                        "--out", str(out), "--", "python", FSDP, "--steps", "3", "--noise-rank", "1", "--noise-step",
-                        "2"], capture_output=True, text=True, timeout=600)
+    p, out = located
     assert p.returncode == 1, p.stderr[-3000:]
     doc = json.loads(p.stdout)
     assert doc["lead_rank"] == 1 and doc["locate"]["rank"] == 1
@@ -112,7 +121,6 @@ def test_check_locate_under_torchrun_traces_every_rank_and_names_the_lead_ranks_
     assert doc["locate"]["op"]["line"] == _line(NOISE_LINE) and doc["locate"]["traced_steps"] == [2]
     html = (out / "report.html").read_text()
     assert "aten.add_" in html and 'id="locate"' in html
-    text = subprocess.run([sys.executable, "-m", "torchrepro", "diff", "--locate", str(out / "locate" / "run1" /
-                           "rank1"), str(out / "locate" / "run2" / "rank1"), "--out", str(tmp_path / "d")],
-                          capture_output=True, text=True, timeout=300).stdout
+    text = in_process("diff", "--locate", str(out / "locate" / "run1" / "rank1"), str(out / "locate" / "run2" /
+                      "rank1"), "--out", str(tmp_path / "d"), timeout=300).stdout
     assert "  op      aten.add_  (forward," in text  # the traced re-runs are kept, rank by rank
