@@ -41,7 +41,7 @@ package-check: $(STAMP)
 PYTEST_WORKERS ?= 2
 
 test: lint docs typecheck package-check
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 --cpu-top 25
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fingerprint.py

@@ -72,3 +72,70 @@ def run_python(code: str, *args: str, env: dict[str, str] | None = None, timeout
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=str(ROOT))
+
+
+# --- `--cpu-top N`: the N tests that cost the most CPU time -----------------------------------------------------------
+# The suite is CPU-bound (two workers on two cores): a test's wall time depends on what ran beside it, its CPU time
+# much less. Each phase's CPU time is this process's plus that of the processes it started and waited for (the
+# training runs, torchrun and its ranks; not a process left running). Measured in the worker, added to the test's
+# report (user_properties), summed and printed by the process that prints the summary.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-top", type=int, default=0, metavar="N",
+                     help="print the N tests that used the most CPU time (theirs and their child processes')")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    if item.config.getoption("cpu_top") and _CPU_START in item.stash:
+        item.user_properties.append((f"cpu_s_{call.when}", _cpu_seconds() - item.stash[_CPU_START]))
+    yield
+
+
+_cpu_by_test: dict[str, dict[str, float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if isinstance(key, str) and key.startswith("cpu_s_"):
+            _cpu_by_test.setdefault(report.nodeid, {})[key[6:]] = value
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    n = config.getoption("cpu_top")
+    if not n or not _cpu_by_test:
+        return
+    totals = {test: sum(phases.values()) for test, phases in _cpu_by_test.items()}
+    terminalreporter.section(f"{n} tests that used the most CPU time (theirs and their processes')")
+    for test in sorted(totals, key=totals.get, reverse=True)[:n]:
+        phases = _cpu_by_test[test]
+        where = max(phases, key=phases.get)
+        terminalreporter.write_line(f"{totals[test]:7.2f}s cpu  ({where} {phases[where]:.2f}s)  {test}")
+    terminalreporter.write_line(f"{sum(totals.values()):.0f} CPU seconds in all, over {len(totals)} tests")
