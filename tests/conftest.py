@@ -95,27 +95,19 @@ _CPU_START = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
-    item.stash[_CPU_START] = _cpu_seconds()
-    yield
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    item.stash[_CPU_START] = _cpu_seconds()
-    yield
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item):
-    item.stash[_CPU_START] = _cpu_seconds()
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if item.config.getoption("cpu_top"):
+        item.stash[_CPU_START] = _cpu_seconds()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    if item.config.getoption("cpu_top") and _CPU_START in item.stash:
-        item.user_properties.append((f"cpu_s_{call.when}", _cpu_seconds() - item.stash[_CPU_START]))
+    """Each phase's CPU time: from the end of the phase before (or the test's start) to its report."""
+    if _CPU_START in item.stash:
+        now = _cpu_seconds()
+        item.user_properties.append((f"cpu_s_{call.when}", now - item.stash[_CPU_START]))
+        item.stash[_CPU_START] = now
     yield
 
 
