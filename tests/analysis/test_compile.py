@@ -8,8 +8,6 @@ the compile time of later processes small.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,18 +28,9 @@ def _line_of(path: Path, marker: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), start=1) if marker in line)
 
 
-def _start(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(out), *flags, "--",
-                             "python", str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p: subprocess.Popen) -> tuple[int, dict, str]:
-    out, err = p.communicate(timeout=900)
-    return p.returncode, (json.loads(out) if out.strip() else {}), err
-
-
 def _check(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
-    """`check --json` in this process (tests/inprocess.py), while the checks ``_start`` started go on beside it."""
+    """`check --json` in this process (tests/inprocess.py): no interpreter of its own to start (~2 s of CPU); the
+    runs it compares are processes of their own as always."""
     p = in_process("check", "--json", "--out", str(out), *flags, "--", "python", str(script), *args, timeout=900)
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
@@ -69,22 +58,7 @@ for _ in range(2):
 
 
 @pytest.fixture(scope="module")
-def background(tmp_path_factory):
-    """The `--deterministic`, `--eager` and mixed-script checks, started at once to run beside the `--locate` one."""
-    mixed = tmp_path_factory.mktemp("mixed")
-    (mixed / "mixed.py").write_text(MIXED_SCRIPT)
-    procs = {"det": _start(tmp_path_factory.mktemp("det") / "o", "--deterministic"),
-             "eager": _start(tmp_path_factory.mktemp("eager") / "o", args=("--eager",)),
-             "mixed": _start(mixed / "o", script=mixed / "mixed.py")}
-    yield procs
-    for p in procs.values():
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-
-
-@pytest.fixture(scope="module")
-def located(tmp_path_factory, background):
+def located(tmp_path_factory):
     """`check --locate` on the compiled example; a race that happened not to show is retried with more runs."""
     out = tmp_path_factory.mktemp("compiled")
     rc, doc, err = _check(out / "a", "--locate")
@@ -95,13 +69,13 @@ def located(tmp_path_factory, background):
 
 
 @pytest.fixture(scope="module")
-def deterministic(background):
-    return _result(background["det"])
+def deterministic(tmp_path_factory):
+    return _check(tmp_path_factory.mktemp("det") / "o", "--deterministic")
 
 
 @pytest.fixture(scope="module")
-def eager(background):
-    return _result(background["eager"])
+def eager(tmp_path_factory):
+    return _check(tmp_path_factory.mktemp("eager") / "o", args=("--eager",))
 
 
 @needs_threads
@@ -168,8 +142,9 @@ def test_the_eager_twin_is_identical(eager):
 
 
 @needs_threads
-def test_divergence_outside_the_compiled_module_is_not_blamed_on_it(background):
-    rc, doc, err = _result(background["mixed"])
+def test_divergence_outside_the_compiled_module_is_not_blamed_on_it(tmp_path):
+    (tmp_path / "mixed.py").write_text(MIXED_SCRIPT)
+    rc, doc, err = _check(tmp_path / "o", script=tmp_path / "mixed.py")
     if doc.get("verdict") == "identical":  # the race can happen not to show: give it more runs
         pytest.skip("the scatter race did not show in two runs")
     assert rc == 1, err

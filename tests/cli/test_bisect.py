@@ -26,20 +26,23 @@ from torchrepro.cli import main
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(torchrepro.__file__).resolve().parents[1]),
                                                      os.environ.get("PYTHONPATH", "")])}
 
+# SGD by hand: torch.optim's first use imports torch._dynamo, ~1 s of CPU for each commit's run
 BASE = """import torch
 from torch import nn
 
 torch.manual_seed(0)
 model = nn.Linear(8, 32)
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
+lr = 0.05
 x, y = torch.randn(64, 8), torch.randn(64, 1)
 for _ in range(3):
-    opt.zero_grad()
+    model.zero_grad(set_to_none=True)
     h = torch.tanh(model(x))
     out = h.sum(1, keepdim=True)
     loss = ((out - y) ** 2).mean()
     loss.backward()
-    opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(lr * p.grad)
 """
 REVERSED = BASE.replace("out = h.sum(1, keepdim=True)", "out = h.flip(1).sum(1, keepdim=True)")
 HISTORY = [
@@ -92,11 +95,11 @@ def bisected(tmp_path_factory):
     git(root, "stash", "push", "-q", "-u", "-m", "mine", "--", "scratch.txt")
     before = state(root)
     out = root.parent / "out"
-    p = subprocess.Popen([sys.executable, "-m", "torchrepro", "bisect", "--json", "--good", "HEAD~5", "--bad", "HEAD",
-                          "--max-steps", "2", "--out", str(out), "--", "python", "train.py"], cwd=root,
-                         env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = p.communicate(timeout=900)
-    return p.returncode, (json.loads(stdout) if stdout.strip() else {}), stderr, root, before, p.pid
+    # in this process (tests/inprocess.py; each commit's run is a process of its own): its worktrees are named by
+    # this process's pid
+    p = _in_process(root, "--json", "--good", "HEAD~5", "--bad", "HEAD", "--max-steps", "2", "--out", str(out), "--",
+                    "python", "train.py")
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr, root, before, os.getpid()
 
 
 def test_finds_the_commit_and_line_and_skips_the_failing_one(bisected):

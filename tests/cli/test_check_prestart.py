@@ -15,15 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "startlog.py"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process start times in /proc")
 
 
 def check(tmp_path: Path, *flags: str, script: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
+    """The check run by this process (tests/inprocess.py): its runs, the prestarted one included, are processes of
+    their own as always. The tests of a signal to the check start it as a process of its own."""
     log = tmp_path / "log.jsonl"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--out", str(tmp_path / "out"), *flags, "--",
-                        sys.executable, str(SCRIPT), str(log), *script], capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path)
+    p = torchrepro("check", "--out", str(tmp_path / "out"), *flags, "--", sys.executable, str(SCRIPT), str(log),
+                   *script, timeout=300, cwd=tmp_path)
     return p, log
 
 
@@ -81,9 +84,8 @@ def test_with_fresh_cwd_a_failed_run_1_also_removes_the_copy_made_for_run_2(tmp_
     work.mkdir()
     (work / "data.txt").write_text("kept")
     log = tmp_path / "log.jsonl"
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--fresh-cwd", "--out", str(tmp_path / "out"),
-                        "--", sys.executable, str(SCRIPT), str(log), "--fail"], capture_output=True, text=True,
-                       timeout=300, cwd=work)
+    p = torchrepro("check", "--fresh-cwd", "--out", str(tmp_path / "out"), "--", sys.executable, str(SCRIPT),
+                   str(log), "--fail", timeout=300, cwd=work)
     assert p.returncode == 2, p.stderr
     assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["run1", "run1-cwd"]
     assert (work / "data.txt").read_text() == "kept" and (tmp_path / "out" / "run1-cwd" / "data.txt").exists()

@@ -17,6 +17,7 @@ from tests.inprocess import torchrepro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 LOOP = str(SCRIPTS / "resume_loop.py")
+NEVER_SAVES = str(SCRIPTS / "check_resume_at_never_saves.py")  # resume_loop.py that never saves, without torch.optim
 SCHEMA = "torchrepro.check-resume/1"
 K = 4
 
@@ -103,7 +104,7 @@ def test_script_that_never_reaches_step_k_is_exit_2(tmp_path):
 
 
 def test_script_that_never_checkpoints_is_exit_2(tmp_path):
-    rc, doc, _, err = resume_check(tmp_path, LOOP, "--no-save")
+    rc, doc, _, err = resume_check(tmp_path, NEVER_SAVES)
     assert rc == 2, err
     assert doc["schema"] == SCHEMA and doc["verdict"] == "error"
     assert "never checkpointed" in doc["error"] and "TORCHREPRO_CHECKPOINT" in doc["error"]

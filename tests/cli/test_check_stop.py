@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.inprocess import torchrepro
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "diverges_at_step1.py"
@@ -30,13 +32,26 @@ def check(tmp_path: Path, name: str, *flags: str, script_args: tuple[str, ...] =
     return p.returncode, doc, p.stdout, p.stderr
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> tuple[Path, tuple[int, dict, str, str]]:
+    """One sequential check of the script that diverges at step 1 (seeded by --counter, its thread counts appended
+    to threads-seq), read by the test of the stop and by the test of --parallel: its directory and its check."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    return tmp, check(tmp, "stop", script_args=("--counter", str(tmp / "counter-a"),
+                                                "--threads-file", str(tmp / "threads-seq")))
+
+
+# 1. --manual: the script updates its parameters by hand (no torch.optim, whose first optimizer imports
+#    torch._dynamo: about 1 CPU second a run), where the optimizer is not what the test is about; the stop in
+#    optimizer-step mode is the shared check's (``stopped``), in backward mode test_manual_updates_stop_...'s.
+
+
 def recorded_steps(run_dir: Path) -> int:
     return sum(line.startswith('{"kind":"step"') for line in (run_dir / "trace.jsonl").read_text().splitlines())
 
 
-def test_diverged_run_stops_five_steps_after_and_reports_what_full_runs_does(tmp_path):
-    args = ("--counter", str(tmp_path / "counter-a"))
-    rc, doc, text, err = check(tmp_path, "stop", script_args=args)
+def test_diverged_run_stops_five_steps_after_and_reports_what_full_runs_does(stopped):
+    tmp_path, (rc, doc, text, err) = stopped
     assert rc == 1, err
     # the noise is added to the model's input (no DataLoader): data, fingerprinted where the model receives it
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["cause"] == "data"
@@ -77,7 +92,7 @@ def test_three_runs_each_stopped_after_its_own_divergence(tmp_path):
     """Run 2 is identical to run 1 and runs to its end; run 3 diverges and is stopped."""
     rc, doc, text, err = check(tmp_path, "three", "--runs", "3", "--steps-after-divergence", "2",
                                script_args=("--counter", str(tmp_path / "counter"), "--noise-runs", "3",
-                                            "--steps", "20"))
+                                            "--steps", "20", "--manual"))  # --manual: note 1
     assert rc == 1, err
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1 and doc["steps"] == [20, 20, 3]
     assert doc["stopped"][:2] == [None, None] and doc["stopped"][2]["after_step"] == 3
@@ -95,9 +110,11 @@ def test_manual_updates_stop_after_the_hand_update_of_the_last_step(tmp_path):
     assert doc["stopped"][1]["after_step"] == 4
 
 
-def test_parallel_gives_the_sequential_verdicts_and_thread_counts(tmp_path):
-    threads = {name: tmp_path / f"threads-{name}" for name in ("seq", "par", "par-same")}
-    rc, seq, _, err = check(tmp_path, "seq", script_args=("--threads-file", str(threads["seq"])))
+def test_parallel_gives_the_sequential_verdicts_and_thread_counts(tmp_path, stopped):
+    """The sequential check is the shared one (``stopped``: its noise seeded by --counter, not os.urandom)."""
+    threads = {name: tmp_path / f"threads-{name}" for name in ("par", "par-same")}
+    threads["seq"] = stopped[0] / "threads-seq"
+    rc, seq, _, err = stopped[1]
     assert rc == 1, err
     rc, par, text, err = check(tmp_path, "par", "--parallel", script_args=("--threads-file", str(threads["par"])))
     assert rc == 1, err
@@ -108,8 +125,8 @@ def test_parallel_gives_the_sequential_verdicts_and_thread_counts(tmp_path):
     assert [s["after_step"] for s in par["stopped"]] == [6, 6]
     assert par["stopped"][0]["reason"] == "run 2 diverged from run 1 at step 1; every run was stopped 5 steps later"
     assert "Stopped: run 1 stopped 5 steps after the first divergence (step 1), after step 6" in text
-    rc, same, _, err = check(tmp_path, "par-same", "--parallel",
-                             script_args=("--noise-runs", "", "--threads-file", str(threads["par-same"])))
+    rc, same, _, err = check(tmp_path, "par-same", "--parallel",  # --manual: note 1
+                             script_args=("--noise-runs", "", "--threads-file", str(threads["par-same"]), "--manual"))
     assert rc == 0, err
     assert same["verdict"] == "identical" and same["steps"] == [40, 40] and same["stopped"] == [None, None]
     counts = {name: path.read_text().split() for name, path in threads.items()}
@@ -117,8 +134,7 @@ def test_parallel_gives_the_sequential_verdicts_and_thread_counts(tmp_path):
 
 
 def test_parallel_refused_with_resume_at(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--parallel", "--resume-at", "2", "--",
-                        "python", str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    p = torchrepro("check", "--parallel", "--resume-at", "2", "--", "python", str(SCRIPT), timeout=120, cwd=tmp_path)
     assert p.returncode == 2
     assert ("--parallel runs the runs of one process at once; it does not go with --resume-at (those checks run "
             "one run after the other): remove --parallel.") in p.stderr
@@ -128,11 +144,11 @@ FOREVER = """
 import os, sys, time
 import torch
 w = torch.nn.Parameter(torch.ones(4))
-opt = torch.optim.SGD([w], lr=0.01)
-for step in range(1, 10**9):
+for step in range(1, 10**9):  # updated by hand: no torch.optim, whose first optimizer imports torch._dynamo
     (w ** 2).sum().backward()
-    opt.step()
-    opt.zero_grad()
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-0.01)
+        w.grad = None
     if step == 1:
         open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
     time.sleep(0.05)

@@ -13,18 +13,32 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro as in_process
 from torchrepro._core.errors import OutputDirError
 from torchrepro._core.io import atomic_write_json
 from torchrepro.record.outdir import lock_dir, unique_dir
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TORCHREPRO = [sys.executable, "-m", "torchrepro"]
+# the scripts these tests record update their parameters by hand: torch.optim's first use imports torch._dynamo
+# (~1 s of CPU per run), and no test here is about the optimizer
+MANUAL_SGD = str(SCRIPTS / "manual_sgd.py")
+FOREVER, FOREVER_RANKS = str(SCRIPTS / "forever.py"), str(SCRIPTS / "forever_ranks.py")
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m torchrepro ARGS`, a process of its own: for the tests of that process (signals, a killed parent)
+    and of what `run` passes through from the script to its own stdout (the script inherits torchrepro's stdout)."""
     return subprocess.run([*TORCHREPRO, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def cmd(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    """`torchrepro ARGS` run by this process (tests/inprocess.py): what the command says and writes, without the ~2 s
+    of CPU of a new interpreter; the scripts it records are processes of their own as always."""
+    return in_process(*args, env=env, cwd=cwd, timeout=timeout)
 
 
 def seen(stdout: str) -> dict:
@@ -38,7 +52,7 @@ def test_check_out_never_deletes_a_users_folder(tmp_path):
     out = tmp_path / "out"
     (out / "run1").mkdir(parents=True)
     (out / "run1" / "important.txt").write_text("my notes")
-    p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd("check", "--out", str(out), "--", "python", MANUAL_SGD)
     assert p.returncode == 2
     assert "is not a torchrepro run directory" in p.stderr and "important.txt" in p.stderr
     assert (out / "run1" / "important.txt").read_text() == "my notes"
@@ -49,13 +63,13 @@ def test_check_out_refuses_foreign_files_and_locate_folder(tmp_path):
     out = tmp_path / "out"
     (out / "locate" / "run1").mkdir(parents=True)
     (out / "locate" / "run1" / "data.csv").write_text("1,2")
-    p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd("check", "--out", str(out), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and "data.csv" in p.stderr
     assert (out / "locate" / "run1" / "data.csv").exists()
     other = tmp_path / "other"
     other.mkdir()
     (other / "thesis.tex").write_text("x")
-    p = cli("check", "--out", str(other), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd("check", "--out", str(other), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and "holds files that torchrepro did not write (['thesis.tex'])" in p.stderr
     assert sorted(x.name for x in other.iterdir()) == ["thesis.tex"]
 
@@ -63,7 +77,7 @@ def test_check_out_refuses_foreign_files_and_locate_folder(tmp_path):
 def test_check_replaces_its_own_earlier_output(tmp_path):
     out = tmp_path / "out"
     for _ in range(2):
-        p = cli("check", "--json", "--out", str(out), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+        p = cmd("check", "--json", "--out", str(out), "--", "python", MANUAL_SGD)
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["verdict"] == "identical"
 
@@ -72,7 +86,7 @@ def test_record_refuses_a_users_folder(tmp_path):
     rec = tmp_path / "rec"
     rec.mkdir()
     (rec / "keep.txt").write_text("mine")
-    p = cli("run", "--record", str(rec), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd("run", "--record", str(rec), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and "is not a torchrepro run directory" in p.stderr
     assert (rec / "keep.txt").read_text() == "mine"
 
@@ -82,17 +96,17 @@ def test_output_path_that_is_a_file_or_under_a_file(tmp_path, flag):
     command = "check" if flag == "--out" else "run"
     afile = tmp_path / "afile"
     afile.write_text("x")
-    p = cli(command, flag, str(afile), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd(command, flag, str(afile), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and f"{flag} {afile}: exists and is not a directory" in p.stderr
     under = afile / "deeper" / "out"
-    p = cli(command, flag, str(under), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd(command, flag, str(under), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and f"{afile} is a file, not a directory" in p.stderr
     assert "Traceback" not in p.stderr and afile.read_text() == "x"
 
 
 def test_record_creates_missing_parents_as_watch_does(tmp_path):
     """README's `torchrepro run --record runs/a` works in a fresh directory, as `watch(run_dir="runs/a")` does."""
-    p = cli("run", "--record", "runs/a", "--", sys.executable, str(SCRIPTS / "manual_sgd.py"), cwd=tmp_path)
+    p = cmd("run", "--record", "runs/a", "--", sys.executable, MANUAL_SGD, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "runs" / "a" / "manifest.json").is_file()
 
@@ -103,7 +117,7 @@ def test_unwritable_output_directory(tmp_path):
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        p = cli("check", "--out", str(ro / "out"), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+        p = cmd("check", "--out", str(ro / "out"), "--", "python", MANUAL_SGD)
         assert p.returncode == 2 and "cannot create the directory" in p.stderr
     finally:
         ro.chmod(0o700)
@@ -113,7 +127,7 @@ def test_locked_directory_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with lock_dir(out, what="torchrepro check --out busy"):
-        p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+        p = cmd("check", "--out", str(out), "--", "python", MANUAL_SGD)
         assert p.returncode == 2
         assert f"is in use by another torchrepro command (pid {os.getpid()}, `torchrepro check --out busy`" \
             in p.stderr
@@ -130,10 +144,14 @@ def test_default_output_directories_are_unique(tmp_path):
 
 def test_two_checks_on_one_out_do_not_destroy_each_other(tmp_path):
     out = tmp_path / "out"
-    command = ["check", "--json", "--out", str(out), "--", "python", str(SCRIPTS / "manual_sgd.py")]
-    procs = [subprocess.Popen([*TORCHREPRO, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    results = [(p.wait(timeout=300), p.stdout.read(), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+    command = ["check", "--json", "--out", str(out), "--", "python", MANUAL_SGD]
+    # one check is a process of its own, the other runs in this process meanwhile (a process fewer to start)
+    proc = subprocess.Popen([*TORCHREPRO, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        mine = cmd(*command)
+    finally:
+        stdout, stderr = proc.communicate(timeout=300)
+    results = [(proc.returncode, stdout, stderr), (mine.returncode, mine.stdout, mine.stderr)]
     codes = sorted(rc for rc, _, _ in results)
     assert codes in ([0, 0], [0, 2]), results  # the second one either came after the first or was refused
     for rc, stdout, _ in results:
@@ -188,7 +206,7 @@ def _signals_as_in_a_terminal() -> None:
 def test_signal_stops_the_script_and_exits_128_plus_signal(tmp_path, command, sig):
     pidfile, out = tmp_path / "child.pid", tmp_path / "out"
     flag = "--out" if command == "check" else "--record"
-    proc = subprocess.Popen([*TORCHREPRO, command, flag, str(out), "--", "python", str(SCRIPTS / "forever.py"),
+    proc = subprocess.Popen([*TORCHREPRO, command, flag, str(out), "--", "python", FOREVER,
                              str(pidfile)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_signals_as_in_a_terminal)
     try:
@@ -210,7 +228,7 @@ def test_signal_stops_the_script_and_exits_128_plus_signal(tmp_path, command, si
 
 def test_script_dies_with_a_killed_parent(tmp_path):
     pidfile = tmp_path / "child.pid"
-    proc = subprocess.Popen([*TORCHREPRO, "run", "--", "python", str(SCRIPTS / "forever.py"), str(pidfile)],
+    proc = subprocess.Popen([*TORCHREPRO, "run", "--", "python", FOREVER, str(pidfile)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     child = _wait_for(pidfile, proc)
     proc.kill()  # SIGKILL: nothing can be forwarded; the child's parent-death signal ends it
@@ -233,7 +251,7 @@ def _wait_for_ranks(pid_dir: Path, proc: subprocess.Popen, nproc: int, timeout: 
 
 def test_torchrun_and_every_rank_die_with_a_killed_parent(tmp_path):
     proc = subprocess.Popen([*TORCHREPRO, "check", "--out", str(tmp_path / "out"), "--nproc-per-node", "2", "--",
-                             "python", str(SCRIPTS / "forever_ranks.py"), str(tmp_path)],
+                             "python", FOREVER_RANKS, str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids = _wait_for_ranks(tmp_path, proc, 2)
     proc.kill()  # SIGKILL: torchrun and the ranks (its children, in their own session) must follow
@@ -245,7 +263,7 @@ def test_torchrun_and_every_rank_die_with_a_killed_parent(tmp_path):
 def test_sigterm_on_the_torchrun_path_stops_every_rank_and_exits_143(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen([*TORCHREPRO, "check", "--out", str(out), "--", "torchrun", "--nproc-per-node", "2",
-                             str(SCRIPTS / "forever_ranks.py"), str(tmp_path)],
+                             FOREVER_RANKS, str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = _wait_for_ranks(tmp_path, proc, 2)
     proc.send_signal(signal.SIGTERM)
@@ -260,7 +278,7 @@ def test_sigterm_on_the_torchrun_path_stops_every_rank_and_exits_143(tmp_path):
 
 def test_check_of_a_script_that_ends_in_os_exit(tmp_path):
     out = tmp_path / "out"
-    p = cli("check", "--out", str(out), "--", "python", str(SCRIPTS / "os_exit.py"), "2")
+    p = cmd("check", "--out", str(out), "--", "python", str(SCRIPTS / "os_exit.py"), "2")
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.startswith(f"torchrepro: IDENTICAL - 2 runs of `python {SCRIPTS / 'os_exit.py'} 2`, 2 steps "
                                "each; every recorded loss"), p.stdout
@@ -286,7 +304,7 @@ def test_everything_after_the_script_belongs_to_the_script(tmp_path):
     assert seen(p.stdout)["argv"] == [str(SCRIPTS / "show_env.py"), "--lr", "0.1", "--runs", "3", "--json", "--",
                                       "x"]
     assert not p.stdout.lstrip().startswith("{")  # --json went to the script, not to torchrepro
-    p = cli("check", "--out", str(tmp_path / "o"), "python", str(SCRIPTS / "show_env.py"), "--runs", "1")
+    p = cmd("check", "--out", str(tmp_path / "o"), "python", str(SCRIPTS / "show_env.py"), "--runs", "1")
     assert p.returncode == 0, p.stderr  # --runs 1 is the script's; torchrepro ran its default 2 runs
     assert "run 2/2 ok" in p.stderr
     assert seen((tmp_path / "o" / "run1" / "stdout.txt").read_text())["argv"][1:] == ["--runs", "1"]
@@ -313,7 +331,7 @@ def _venv_without_torchrepro(where: Path) -> Path:
 
 def test_named_interpreter_is_used_or_refused(tmp_path):
     bare = _venv_without_torchrepro(tmp_path / "bare")
-    p = cli("check", "--json", "--out", str(tmp_path / "o"), "--", str(bare), str(SCRIPTS / "show_env.py"))
+    p = cmd("check", "--json", "--out", str(tmp_path / "o"), "--", str(bare), str(SCRIPTS / "show_env.py"))
     assert p.returncode == 2
     doc = json.loads(p.stdout)
     assert doc["verdict"] == "error" and doc["exit_code"] == 2
@@ -324,7 +342,7 @@ def test_named_interpreter_is_used_or_refused(tmp_path):
     assert f"{missing} is not installed for the interpreter in your command ({bare})" in doc["error"]
     assert f"{bare} -m pip install {missing}" in doc["error"]
     assert "Fix the script" not in doc["error"]
-    p = cli("run", "--", str(tmp_path / "nowhere" / "python3"), str(SCRIPTS / "show_env.py"))
+    p = cmd("run", "--", str(tmp_path / "nowhere" / "python3"), str(SCRIPTS / "show_env.py"))
     assert p.returncode == 2 and "was not found (no such executable file)" in p.stderr
     # An interpreter of another environment that can import torchrepro is the one that runs the script.
     other = _venv_without_torchrepro(tmp_path / "other")
@@ -337,7 +355,7 @@ def test_named_interpreter_is_used_or_refused(tmp_path):
 
 
 def test_runs_1_is_refused_before_anything_runs(tmp_path):
-    p = cli("check", "--runs", "1", "--out", str(tmp_path / "o"), "--", "python", str(SCRIPTS / "manual_sgd.py"))
+    p = cmd("check", "--runs", "1", "--out", str(tmp_path / "o"), "--", "python", MANUAL_SGD)
     assert p.returncode == 2 and "needs at least 2" in p.stderr and "torchrepro diff" in p.stderr
     assert not (tmp_path / "o").exists()
 
@@ -350,7 +368,7 @@ def test_runs_1_is_refused_before_anything_runs(tmp_path):
     (["diff", "--json", "nope1", "nope2"], "nope1: is not a directory"),
 ])
 def test_json_error_document_for_every_failure(tmp_path, args, message):
-    p = cli(*args, cwd=tmp_path)
+    p = cmd(*args, cwd=tmp_path)
     assert p.returncode == 2
     doc = json.loads(p.stdout)  # exactly one JSON document
     assert doc["verdict"] == "error" and doc["exit_code"] == 2 and message in doc["error"]
@@ -400,11 +418,11 @@ class Cycle:
 keep = Cycle()                                  # alive until shutdown clears this module
 atexit.register(lambda: open(out + "/atexit.txt", "w").write("atexit ran\\n"))
 w = torch.nn.Parameter(torch.ones(3))
-opt = torch.optim.SGD([w], lr=0.1)
-for _ in range(2):
-    opt.zero_grad()
+for _ in range(2):                              # updated by hand: no torch.optim (no torch._dynamo import)
     (w * w).sum().backward()
-    opt.step()
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-0.1)
+        w.grad = None
 '''
 
 
@@ -416,7 +434,7 @@ def test_recorded_run_keeps_the_scripts_exit_work(tmp_path):
     script.write_text(EXIT_WORK)
     out = tmp_path / "files"
     out.mkdir()
-    p = cli("run", "--record", str(tmp_path / "rec"), "--", "python", str(script), str(out))
+    p = cmd("run", "--record", str(tmp_path / "rec"), "--", "python", str(script), str(out))
     assert p.returncode == 0, p.stderr
     assert (out / "unclosed.txt").read_text() == "buffered line\n"
     assert (out / "atexit.txt").read_text() == "atexit ran\n"
@@ -426,7 +444,8 @@ def test_recorded_run_keeps_the_scripts_exit_work(tmp_path):
 # --- torchrepro's own failures are never blamed on the script ----------------------------------------------
 def test_a_script_using_the_new_tf32_api_is_recorded(tmp_path):
     """envinfo read cudnn.allow_tf32, which raises once the script set fp32_precision (torch >= 2.9)."""
-    p = cli("run", "--record", str(tmp_path / "rec"), "--", sys.executable, str(SCRIPTS / "new_tf32_api.py"))
+    p = cmd("run", "--record", str(tmp_path / "rec"), "--", sys.executable,
+            str(SCRIPTS / "new_tf32_api.py"))
     assert p.returncode == 0, p.stderr
     manifest = json.loads((tmp_path / "rec" / "manifest.json").read_text())
     assert manifest["environment"]["precision"]["cuda_matmul_allow_tf32"] is False
@@ -435,7 +454,8 @@ def test_a_script_using_the_new_tf32_api_is_recorded(tmp_path):
 @pytest.mark.parametrize("command", ["run", "check"])
 def test_a_failure_in_torchrepros_child_code_is_an_internal_error(tmp_path, command):
     flag = "--record" if command == "run" else "--out"
-    p = cli(command, flag, str(tmp_path / "out"), "--", sys.executable, str(SCRIPTS / "breaks_torchrepro.py"))
+    p = cmd(command, flag, str(tmp_path / "out"), "--", sys.executable,
+            str(SCRIPTS / "breaks_torchrepro.py"))
     assert p.returncode == 3, p.stderr
     assert "a bug in torchrepro, not in your script" in p.stderr and "summary failed on purpose" in p.stderr
     assert "Fix the script" not in p.stderr

@@ -1,19 +1,20 @@
-"""End to end: `torchrepro compare 'CMD_A' 'CMD_B'` on real processes (tests/scripts/sum_order.py).
+"""End to end: `torchrepro compare 'CMD_A' 'CMD_B'` on real processes (tests/scripts/sum_order.py: the
+summation-order script, its parameters updated by hand: without torch.optim, whose first use costs a run 1 CPU s).
 
-The commands that start training processes are started once per module, side by side (fixtures); the tests that
-only read their recordings call the CLI in this process on the run directories they left.
+Every command runs in this process (tests/inprocess.py): its training runs are processes of their own. The compares
+that train are run once per module (fixtures); the tests that only read their recordings call the CLI in this
+process on the run directories they left.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
 from torchrepro.cli import main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -24,38 +25,22 @@ def _line_of(marker: str) -> int:
     return next(i for i, line in enumerate(SCRIPT.read_text().splitlines(), start=1) if marker in line)
 
 
-def _start(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torchrepro", "compare", "--json", "--out", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(p: subprocess.Popen) -> tuple[int, dict, str]:
-    out, err = p.communicate(timeout=900)
-    return p.returncode, (json.loads(out) if out.strip() else {}), err
+def _compare(out: Path, *args: str) -> tuple[int, dict, str]:
+    """`compare --json`, in this process."""
+    p = torchrepro("compare", "--json", "--out", str(out), *args, timeout=900)
+    return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
 @pytest.fixture(scope="module")
-def started(tmp_path_factory):
-    """Every compare that trains, started at once: summation order (--locate), the same command, eager vs compiled."""
-    root = tmp_path_factory.mktemp("compare")
+def order(tmp_path_factory):
+    """Summation order (--locate): compared once, read by several tests."""
     a, b = f"python {SCRIPT}", f"python {SCRIPT} --reverse"
-    procs = {"order": _start(root / "order", "--locate", "--max-steps", "2", a, b),
-             "same": _start(root / "same", "--max-steps", "2", a, a),
-             "compiled": _start(root / "compiled", "--locate", "--max-steps", "1", a, f"python {SCRIPT} --compile")}
-    yield root, procs
-    for p in procs.values():
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+    return _compare(tmp_path_factory.mktemp("order"), "--locate", "--max-steps", "2", a, b)
 
 
-@pytest.fixture(scope="module")
-def order(started):
-    return _result(started[1]["order"])
-
-
-def test_same_command_is_identical(started):
-    rc, doc, err = _result(started[1]["same"])
+def test_same_command_is_identical(tmp_path):
+    a = f"python {SCRIPT}"
+    rc, doc, err = _compare(tmp_path / "same", "--max-steps", "2", a, a)
     assert rc == 0, err
     assert doc["schema"] == "torchrepro.compare/1" and doc["verdict"] == "identical" and doc["exit_code"] == 0
     assert doc["first_divergent_step"] is None and doc["differences"] == [] and doc["steps"] == [2, 2]
@@ -112,8 +97,9 @@ def test_locate_text_from_recorded_traces(order, tmp_path, capsys):
     assert "the difference comes from the program difference above" in text and "Within the" not in text
 
 
-def test_eager_vs_compiled_names_the_compiled_kernel(started):
-    rc, doc, err = _result(started[1]["compiled"])
+def test_eager_vs_compiled_names_the_compiled_kernel(tmp_path):
+    rc, doc, err = _compare(tmp_path / "compiled", "--locate", "--max-steps", "1", f"python {SCRIPT}",
+                            f"python {SCRIPT} --compile")
     assert rc == 1, err
     assert doc["verdict"] == "diverged"
     assert doc["compiled"]["a"] == [] and doc["compiled"]["b"][0]["target"] == "Net"
@@ -220,10 +206,13 @@ torch.manual_seed(0)
 m = torch.nn.Linear(8, 1)
 if os.path.exists("snap.pt"):
     m.load_state_dict(torch.load("snap.pt", weights_only=True))
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
 x, y = torch.randn(16, 8), torch.randn(16, 1)
-for _ in range(2):
-    opt.zero_grad(); ((m(x) - y) ** 2).mean().backward(); opt.step()
+for _ in range(2):  # updated by hand (torch.optim's first use costs about 1 s of CPU)
+    ((m(x) - y) ** 2).mean().backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(p.grad, alpha=-0.1)
+            p.grad = None
 torch.save(m.state_dict(), "snap.pt")
 """
 
@@ -232,9 +221,8 @@ def test_b_reading_what_a_wrote_in_the_working_directory_is_the_cause(tmp_path):
     """As check does: B starts from A's snapshot.pt, so the divergence is blamed on the shared directory (it was
     blamed on initial weights)."""
     (tmp_path / "train.py").write_text(SNAPSHOT_SCRIPT)
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "compare", "--json", "--out", str(tmp_path / "o"),
-                        "python train.py", "python train.py"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600)
+    p = torchrepro("compare", "--json", "--out", str(tmp_path / "o"), "python train.py", "python train.py",
+                   cwd=tmp_path, timeout=600)
     doc = json.loads(p.stdout)
     assert p.returncode == 1 and doc["verdict"] == "diverged", p.stderr
     assert doc["cause"] == "shared-working-directory"

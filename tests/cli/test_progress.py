@@ -18,7 +18,7 @@ import pytest
 from tests.inprocess import torchrepro
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-WAITS = str(SCRIPTS / "prints_and_waits.py")
+WAITS = str(SCRIPTS / "prints_and_waits.py")  # parameters updated by hand: --runs auto makes 10 runs
 EVERY_POLL = {"TORCHREPRO_PROGRESS_INTERVAL": "0"}  # a plain line whenever a run's steps or last line change
 STEP_LINE = r"torchrepro: run (\d)/2: (\d+ steps?), \d+ (?:s|min \d\d s)(?:; last output: (.*))?"
 
@@ -154,7 +154,8 @@ def test_runs_auto_starts_no_run_after_the_budget(tmp_path):
 def test_runs_auto_stops_adding_at_the_first_divergence(tmp_path, noise_runs, runs):
     """Noise in every run: run 2 diverges; noise in the third launch only: runs 1-2 agree, run 3 diverges."""
     noise = ["--counter", str(tmp_path / "counter"), "--noise-runs", noise_runs] if noise_runs else []
-    p, doc = _auto(tmp_path, script=(str(SCRIPTS / "diverges_at_step1.py"), "--steps", "3", *noise))
+    p, doc = _auto(tmp_path, script=(str(SCRIPTS / "diverges_at_step1.py"), "--steps", "3", "--manual",
+                                     *noise))  # --manual: SGD by hand (no torch.optim)
     assert p.returncode == 1, p.stderr
     assert doc["verdict"] == "diverged" and doc["first_divergent_step"] == 1
     assert doc["runs_auto"] == {"runs": runs, "stopped": "diverged", "cap": 10, "budget_s": 600.0}

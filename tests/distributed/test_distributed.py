@@ -46,7 +46,8 @@ def _entry(rank: int, scenarios: list[str], tmp: str, world: int) -> None:
         except BaseException:
             results[scenario] = {"error": traceback.format_exc()}
             break
-    Path(tmp, f"result{rank}.json").write_text(json.dumps(results))
+        finally:  # after each scenario: a rank that a later one ends on purpose (dead_rank) keeps what it did
+            Path(tmp, f"result{rank}.json").write_text(json.dumps(results))
     if any(r.get("no_destroy") for r in results.values()):
         os._exit(0)  # a group broken on purpose: its destructor would abort the process at exit
     dist.destroy_process_group()
@@ -75,13 +76,21 @@ def on_ranks(tmp_path: Path, *scenarios: str, world: int = 2) -> dict[str, list[
     return {name: [res.get(name, {}) for res in per_rank] for name in scenarios}
 
 
-BATCH = ("seeding", "consistency", "dtensor", "sync", "watch")
+# stuck_rank leaves the process group unusable (rank 0's all-gather timed out): the last of its launch
+BATCH = ("seeding", "consistency", "dtensor", "sync", "watch", "stuck_rank")
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory) -> dict[str, list[dict]]:
-    """The scenarios that leave the process group usable, run in one launch of 2 ranks."""
+    """The scenarios that leave the process group usable, then stuck_rank, run in one launch of 2 ranks."""
     return on_ranks(tmp_path_factory.mktemp("ranks"), *BATCH)
+
+
+@pytest.fixture(scope="module")
+def second_launch(tmp_path_factory) -> dict[str, list[dict]]:
+    """A second launch of 2 new processes: seeding again (its draws must repeat the first launch's bit for bit),
+    then dead_rank (rank 1 dies: the last of its launch)."""
+    return on_ranks(tmp_path_factory.mktemp("ranks-again"), "seeding", "dead_rank")
 
 
 class Net(nn.Module):
@@ -240,9 +249,9 @@ SCENARIOS = {"seeding": _seeding, "consistency": _consistency, "dtensor": _dtens
 
 
 # --- tests -------------------------------------------------------------------------------------------------------
-def test_rank_seeding_identical_init_per_rank_dropout_repeatable(batch, tmp_path):
+def test_rank_seeding_identical_init_per_rank_dropout_repeatable(batch, second_launch):
     a, b = batch["seeding"]
-    again = on_ranks(tmp_path, "seeding")["seeding"]
+    again = second_launch["seeding"]
     assert again == [a, b]  # a second launch draws bitwise the same numbers on each rank
     d0, d1 = a["default"], b["default"]
     assert d0["init"] == d1["init"]  # model initialisation: the same on every rank
@@ -305,16 +314,16 @@ def test_sync_rng_states_broadcasts_from_src(batch):
     assert r0["torch"] == torch.rand(3).tolist()
 
 
-def test_dead_rank_gives_a_clear_error_not_a_hang(tmp_path):
-    r0, _ = on_ranks(tmp_path, "dead_rank")["dead_rank"]
+def test_dead_rank_gives_a_clear_error_not_a_hang(second_launch):
+    r0, _ = second_launch["dead_rank"]
     assert r0["error_text"] is not None, "check_consistency returned although rank 1 was dead"
     assert r0["seconds"] < 20
     assert "check_consistency: the all-gather over ranks [0, 1] failed on rank 0 after" in r0["error_text"]
     assert "Another rank has exited or crashed before reaching it" in r0["error_text"]
 
 
-def test_stuck_rank_times_out_at_the_limit(tmp_path):
-    r0, _ = on_ranks(tmp_path, "stuck_rank")["stuck_rank"]
+def test_stuck_rank_times_out_at_the_limit(batch):
+    r0, _ = batch["stuck_rank"]
     assert r0["error_text"] is not None, "check_consistency returned although rank 1 never called it"
     assert 1.5 < r0["seconds"] < 5.5, r0["seconds"]
     assert "the all-gather over ranks [0, 1] did not complete on rank 0 within 2s" in r0["error_text"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,11 +20,6 @@ from torchrepro.record.store import Run, load_ranks, load_run
 
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "ddp_train.py")
 LIMIT_S = 300
-
-
-def torchrepro(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchrepro", *args], capture_output=True, text=True,
-                          timeout=LIMIT_S, cwd=cwd)
 
 
 def in_process(*args: str) -> subprocess.CompletedProcess:
@@ -129,10 +123,13 @@ def test_a_rank_that_exits_0_early_is_named_not_the_peer_left_waiting(tmp_path):
     assert "rank 0 exited with code" not in p.stderr
 
 
-def test_run_records_each_rank_and_stops_every_rank_at_max_steps(tmp_path):
+def test_run_records_each_rank_and_stops_every_rank_at_max_steps(tmp_path, capfd):
+    """`run` in this process (main): with --json its ranks' stdout goes to its stderr, a file descriptor that
+    capfd captures (tests/inprocess.py's StringIO has none to give them)."""
     record = tmp_path / "rec"
-    p = torchrepro("run", "--json", "--record", str(record), "--max-steps", "2", "--seed", "3", "--", "torchrun",
-                   "--nproc_per_node=2", SCRIPT, "--steps", "6")
+    rc = main(["run", "--json", "--record", str(record), "--max-steps", "2", "--seed", "3", "--", "torchrun",
+               "--nproc_per_node=2", SCRIPT, "--steps", "6"])
+    p = subprocess.CompletedProcess(["torchrepro", "run"], rc, *capfd.readouterr())
     assert p.returncode == 0, p.stderr
     top = json.loads(p.stdout)
     assert top["status"] == "stopped-at-max-steps" and top["nproc_per_node"] == 2 and top["seed"] == 3

@@ -1,10 +1,14 @@
 """`torchrepro run --record DIR -- torchrun --nnodes 2 ...` on two simulated nodes (two torchrun agents on
-127.0.0.1, gloo, one rank each), and `torchrepro diff` of such runs."""
+127.0.0.1, gloo, one rank each), and `torchrepro diff` of such runs.
+
+One recording of both nodes into a shared directory is made per module (the fixture ``shared``) and read by the
+tests that only read it; the test that rewrites its manifest works on a copy."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,15 +56,21 @@ def two_nodes(records: list[Path], *script_args: str, extra: tuple[list[str], li
     return results
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`ddp_train.py --steps 3` recorded by both nodes into one directory (their shared file system)."""
+    record = tmp_path_factory.mktemp("two_nodes") / "A"
+    for rc, out in two_nodes([record, record], "--steps", "3"):
+        assert rc == 0, out
+    return record
+
+
 def diff(*args: str) -> subprocess.CompletedProcess:
     """`diff --json` of recorded runs, in this process (tests/inprocess.py)."""
     return torchrepro("diff", "--json", *args, timeout=LIMIT_S)
 
 
-def test_two_nodes_record_global_ranks_and_diff_compares_every_rank(tmp_path):
-    shared = tmp_path / "A"
-    for rc, out in two_nodes([shared, shared], "--steps", "3"):
-        assert rc == 0, out
+def test_two_nodes_record_global_ranks_and_diff_compares_every_rank(shared, tmp_path):
     top, ranks = load_ranks(shared)
     assert top.manifest["ranks"] == ["rank0", "rank1"] and top.manifest["nodes"] == ["node0", "node1"]
     assert top.manifest["world_size"] == 2 and top.manifest["status"] == "ok"
@@ -162,12 +172,10 @@ def test_nodes_ending_together_write_the_run_manifest_in_turn(tmp_path, monkeypa
     assert not (tmp_path / ".torchrepro.lock").exists()
 
 
-def test_a_stale_run_manifest_still_reads_every_node(tmp_path):
+def test_a_stale_run_manifest_still_reads_every_node(shared, tmp_path):
     """A shared file system without working locks may still leave the older merge: readers list the nodes
     from the node manifests."""
-    shared = tmp_path / "A"
-    for rc, out in two_nodes([shared, shared], "--steps", "2"):
-        assert rc == 0, out
+    shared = Path(shutil.copytree(shared, tmp_path / "A", symlinks=True))  # the module's recording, rewritten here
     top = json.loads((shared / "manifest.json").read_text())
     (shared / "manifest.json").write_text(json.dumps({**top, "ranks": ["rank0"], "nodes": ["node0"]}))
     run, ranks = load_ranks(shared)

@@ -2,8 +2,9 @@
 collator draw random numbers, ends bitwise where the uninterrupted run ends; a resume that cannot is refused.
 
 Every training runs in a new process (tests/scripts/hf_train.py); the runs are shared through module fixtures
-and run two at a time, forked from processes that imported transformers once (tests/preloaded.py). The torchrun
-test is marked ``slow`` (``-m "not slow"`` leaves it out).
+and run two at a time, forked from processes that imported transformers once (tests/preloaded.py); so do the
+resumes that must be refused, and the ranks of the DDP test, which is marked ``slow`` (``-m "not slow"`` leaves it
+out).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +50,6 @@ def _stdout(what: str, rc: int, stdout: str, stderr: str) -> str:
     return stdout
 
 
-def _python(script: str, *options: str) -> str:
-    """The stdout of ``python SCRIPT OPTIONS`` (a script of tests/scripts, or ``-m``), run in tests/scripts."""
-    command = [script] if script == "-m" else [str(SCRIPTS / script)]
-    proc = subprocess.run([sys.executable, *command, *options], capture_output=True, text=True,
-                          env=_env(), timeout=600, cwd=str(SCRIPTS))
-    return _stdout(f"{script} {' '.join(options)}", proc.returncode, proc.stdout, proc.stderr)
-
-
 def _parse(options: tuple[str, ...], stdout: str) -> dict:
     """The RESULT of hf_train.py, or ``{"error": ...}`` when train() raised (each test says which it expects)."""
     line = [ln for ln in stdout.splitlines() if ln.startswith(("RESULT ", "ERROR "))][-1]
@@ -69,15 +63,18 @@ def _result(runs: dict[str, dict], name: str) -> dict:
 
 
 def _pipeline(first: dict[str, tuple[str, ...]], then: dict[str, tuple[str, tuple[str, ...]]], logs: Path,
-              on_end=None) -> dict[str, dict]:
+              on_end=None, others: dict[str, tuple[str, list[str]]] | None = None) -> dict[str, dict | str]:
     """hf_train.py with each of ``first``'s options and, when the run it names has ended, ``then``'s; two at a time.
-    Each run is a new process, forked from one that imported transformers (tests/preloaded.py)."""
+    ``others`` (name -> (the run it waits for, argv)) run other scripts of tests/scripts there, their stdout is
+    returned as it is. Each run is a new process, forked from one that imported transformers (tests/preloaded.py)."""
     script = str(SCRIPTS / "hf_train.py")
+    others = others or {}
     ended = pipeline({name: [script, *options] for name, options in first.items()},
-                     {name: (after, [script, *options]) for name, (after, options) in then.items()},
+                     {**{name: (after, [script, *options]) for name, (after, options) in then.items()}, **others},
                      modules=["transformers"], env=_env(), cwd=SCRIPTS, logs=logs, parallel=2, on_end=on_end)
     options = {**first, **{name: options for name, (_, options) in then.items()}}
-    return {name: _parse(options[name], _stdout(f"hf_train.py {' '.join(options[name])}", e.rc, e.stdout, e.stderr))
+    return {name: _stdout(" ".join(others[name][1]), e.rc, e.stdout, e.stderr) if name in others else
+            _parse(options[name], _stdout(f"hf_train.py {' '.join(options[name])}", e.rc, e.stdout, e.stderr))
             for name, e in ended.items()}
 
 
@@ -87,15 +84,25 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(root: Path) -> dict[str, dict]:
-    """Uninterrupted runs and their resumes: without the callback, and with it (by path, by True, elsewhere)."""
+def _trained(root: Path) -> dict[str, dict | str]:
+    """Uninterrupted runs and their resumes: without the callback, and with it (by path, by True, elsewhere); and
+    the resumes that must be refused (hf_errors.py: its stdout, under "errors"), forked from the same process that
+    imported transformers, once the runs whose checkpoints they resume have ended."""
     native, straight, global_rng = root / "native", root / "straight", root / "global"
+    ready, done = root / "errors.ready", set()
 
     def ended(name: str) -> None:
         if name == "straight":
             shutil.copytree(straight / "checkpoint-7", root / "by_true" / "checkpoint-7")
             (root / "by_true" / "checkpoint-7" / "rng_state.pth").unlink()  # so only the callback restores the RNGs
+        done.add(name)
+        if name in ("native", "straight") and {"native", "straight"} <= done:
+            _damage(root)
+            ready.write_text("")  # transformers_when_ready.py starts hf_errors.py
 
+    # "errors" waits for "global", the last of the first runs to start (two at a time), then for `ready`
+    errors = [str(SCRIPTS / "transformers_when_ready.py"), str(ready), str(SCRIPTS / "hf_errors.py"),
+              *(f"{name}={' '.join(options)}" for name, options in _error_scenarios(root).items())]
     return _pipeline({
         "native": ("--out", str(native), "--save-steps", "4"),
         "straight": ("--out", str(straight), "--callback", "--save-steps", "1"),
@@ -110,7 +117,12 @@ def runs(root: Path) -> dict[str, dict]:
         # outside output_dir, named through callback.resume_from(); the sampler draws from the global RNG
         "global_resumed": ("global", ("--out", str(root / "elsewhere"), "--callback", "--global-rng-sampler",
                                       "--resume-from", str(global_rng / "checkpoint-7"), *RESUMED)),
-    }, root / "logs", on_end=ended)
+    }, root / "logs", on_end=ended, others={"errors": ("global", errors)})
+
+
+@pytest.fixture(scope="module")
+def runs(_trained: dict[str, dict | str]) -> dict[str, dict]:
+    return {name: run for name, run in _trained.items() if name != "errors"}
 
 
 def test_native_resume_differs_after_the_checkpoint(runs: dict[str, dict]) -> None:
@@ -143,18 +155,43 @@ def test_each_checkpoint_holds_the_position_it_was_saved_at(runs: dict[str, dict
     assert mid.config["num_workers"] == 2 and mid.config["per_device_train_batch_size"] == 2
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def ddp(root: Path) -> dict[str, list[dict]]:
-    """torchrun --nproc-per-node 2 (gloo, CPU): straight, and resumed from checkpoint-3 (mid-epoch on each rank)."""
+    """2-rank DDP (gloo, CPU): straight, and resumed from checkpoint-3 (mid-epoch on each rank). Each rank is a new
+    process started as torchrun --standalone --nproc-per-node 2 starts it (tests/scripts/transformers_ddp_rank.py
+    sets its environment), forked from one that imported transformers (tests/preloaded.py): torchrun's ranks
+    each imported it again."""
     out, data = root / "ddp", ["--dataset-len", "20"]  # 5 batches an epoch on each rank
+    ports = {"straight": _free_port(), "resumed": _free_port()}  # the resumed ranks never meet the straight ones
 
-    def torchrun(*options: str) -> list[dict]:
-        stdout = _python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                         str(SCRIPTS / "hf_train.py"), "--out", str(out), "--callback", *data, *options)
-        return [json.loads(ln.partition(" ")[2]) for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    def ranks(run: str, *options: str) -> dict[str, list[str]]:
+        return {f"{run}{rank}": [str(SCRIPTS / "transformers_ddp_rank.py"), str(rank), "2", str(ports[run]),
+                                 str(SCRIPTS / "hf_train.py"), "--out", str(out), "--callback", *data, *options]
+                for rank in (0, 1)}
 
-    straight = torchrun("--save-steps", "3")
-    return {"straight": straight, "resumed": torchrun("--resume", str(out / "checkpoint-3"), *RESUMED)}
+    straight = ranks("straight", "--save-steps", "3")
+    # each resumed rank starts when its straight rank has ended: both trained past step 3 together, so
+    # checkpoint-3 is complete
+    resumed = {name: (name.replace("resumed", "straight"), argv)
+               for name, argv in ranks("resumed", "--resume", str(out / "checkpoint-3"), *RESUMED).items()}
+    ended = pipeline(straight, resumed, modules=["transformers"], env={**_env(), "OMP_NUM_THREADS": "1"},
+                     cwd=SCRIPTS, logs=root / "ddp-logs", parallel=0)
+
+    def results(run: str) -> list[dict]:
+        found = []
+        for rank in (0, 1):
+            e = ended[f"{run}{rank}"]
+            stdout = _stdout(f"{run} rank {rank}", e.rc, e.stdout, e.stderr)
+            found += [json.loads(ln.partition(" ")[2]) for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+        return found
+
+    return {"straight": results("straight"), "resumed": results("resumed")}
 
 
 @pytest.mark.slow
@@ -183,10 +220,14 @@ ERRORS = {
 }
 
 
-@pytest.fixture(scope="module")
-def errors(runs: dict[str, dict], root: Path) -> dict[str, dict]:
+def _bad(root: Path) -> dict[str, Path]:
+    return {name: root / "bad" / name for name in ("corrupt", "truncated", "mixed", "no_optimizer")}
+
+
+def _damage(root: Path) -> None:
+    """The damaged copies of straight/checkpoint-4 that _error_scenarios resume."""
     straight, ckpt = root / "straight", root / "straight" / "checkpoint-4"
-    bad = {name: root / "bad" / name for name in ("corrupt", "truncated", "mixed", "no_optimizer")}
+    bad = _bad(root)
     for path in bad.values():
         shutil.copytree(ckpt, path)
     state = bad["corrupt"] / state_file_name(0)
@@ -195,8 +236,13 @@ def errors(runs: dict[str, dict], root: Path) -> dict[str, dict]:
     state.write_bytes(state.read_bytes()[:-100])
     shutil.copy(straight / "checkpoint-3" / state_file_name(0), bad["mixed"] / state_file_name(0))
     (bad["no_optimizer"] / "optimizer.pt").unlink()
+
+
+def _error_scenarios(root: Path) -> dict[str, list[str]]:
+    """hf_train.py's options of each resume of ERRORS."""
+    straight, ckpt = root / "straight", root / "straight" / "checkpoint-4"
     resume = ["--callback", "--resume", str(ckpt), *RESUMED]
-    scenarios = {
+    return {
         "no_state": ["--out", str(root / "native"), "--callback", "--resume", str(root / "native" / "checkpoint-4"),
                      *RESUMED],
         "batch_size": ["--out", str(straight), *resume, "--batch-size", "3"],
@@ -204,11 +250,16 @@ def errors(runs: dict[str, dict], root: Path) -> dict[str, dict]:
         "dataset_len": ["--out", str(straight), *resume, "--dataset-len", "12"],
         "outside": ["--out", str(root / "e_outside"), *resume],
         **{name: ["--out", str(root / f"e_{name}"), "--callback", "--resume-from", str(path), *RESUMED]
-           for name, path in bad.items()},
+           for name, path in _bad(root).items()},
     }
-    out = _python("hf_errors.py", *(f"{name}={' '.join(options)}" for name, options in scenarios.items()))
+
+
+@pytest.fixture(scope="module")
+def errors(_trained: dict[str, dict | str], root: Path) -> dict[str, dict]:
+    """What hf_errors.py printed for each resume of _error_scenarios (run by _trained)."""
+    scenarios = _error_scenarios(root)
     found = {}
-    for line in out.splitlines():
+    for line in _trained["errors"].splitlines():
         name, _, rest = line.partition(" ")
         if name in scenarios:
             kind, _, doc = rest.partition(" ")

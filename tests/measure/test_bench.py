@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.inprocess import torchrepro
 from torchrepro.cli import main
 from torchrepro.cli.bench_cmd import _Config, _results, render_bench
 from torchrepro.record.store import read_trace_lines
@@ -107,8 +108,7 @@ def test_bad_options_exit_2_before_running_anything(tmp_path, capsys, args, mess
 
 
 def test_errors_as_one_json_document_and_a_users_folder_is_never_replaced(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "bench", "--json", "--steps", "0", "--", *TINY],
-                       capture_output=True, text=True, timeout=120)
+    p = torchrepro("bench", "--json", "--steps", "0", "--", *TINY, timeout=120, cwd=tmp_path)
     assert p.returncode == 2
     doc = json.loads(p.stdout)
     assert doc["verdict"] == "error" and doc["exit_code"] == 2 and "--steps" in doc["error"]
@@ -145,8 +145,10 @@ def test_a_script_without_an_optimizer_is_timed_per_backward_call(tmp_path, caps
 @CPU_ONLY
 def test_cuda_only_variants_run_on_cpu_with_a_note(tmp_path, capsys):
     """no-tf32 sets PyTorch's new TF32 API in the child; reading the environment afterwards must not crash."""
+    # manual_sgd.py: parameters updated by hand (no torch.optim, whose first optimizer imports torch._dynamo: about
+    # 1 CPU second a run); bench times its backward() calls
     rc, doc = bench(capsys, tmp_path / "out", "--variants", "default,no-tf32,cudnn-benchmark", "--rounds", "1",
-                    "--steps", "1", "--warmup", "1")
+                    "--steps", "1", "--warmup", "1", command=["python", str(SCRIPTS / "manual_sgd.py")])
     assert rc == 0, doc
     assert "no-tf32 has no effect without CUDA" in doc["notes"]
 

@@ -23,7 +23,9 @@ from torchrepro.measure.variance import (
 from torchrepro.record.store import read_trace_lines
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-TINY = ["python", str(SCRIPTS / "bench_tiny.py"), "--steps", "10"]
+# parameters updated by hand (no torch.optim, whose first use imports torch._dynamo: about 1 CPU s a run): what
+# variance reads is the metric and the parameters
+TINY = ["python", str(SCRIPTS / "bench_tiny.py"), "--manual", "--steps", "10"]
 needs_threads = pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import torchrepro
+
 SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "threads_at_top.py")
 
 
@@ -39,9 +41,8 @@ def test_a_count_set_after_import_torch_changes_nothing_as_in_a_plain_run(tmp_pa
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the scatter-add varies only with 2+ threads")
 def test_check_of_a_script_that_asks_for_one_thread_is_identical(tmp_path):
     """With the launch's 2 threads the scatter-add would make the runs differ; the script asked for one."""
-    p = subprocess.run([sys.executable, "-m", "torchrepro", "check", "--json", "--out", str(tmp_path / "out"), "--",
-                        sys.executable, SCRIPT, "OMP_NUM_THREADS=1"], capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path)
+    p = torchrepro("check", "--json", "--out", str(tmp_path / "out"), "--", sys.executable, SCRIPT, "OMP_NUM_THREADS=1",
+                   timeout=600, cwd=tmp_path)  # in this process (tests/inprocess.py): the runs are processes
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["verdict"] == "identical", p.stderr
     for run in ("run1", "run2"):

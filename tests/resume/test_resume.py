@@ -77,13 +77,14 @@ def test_a_step_whose_batches_run_out_is_told_to_use_next_batch(tmp_path):
     with pytest.raises(ResumeRunError, match=r"the straight run \(steps 1\.\.10\) failed with exit code 2:\n"
                                              r"verify_resume: step\(\) raised StopIteration at step 9: .*"
                                              r"state\['loader'\]\.next_batch\(\)") as info:
-        torchrepro.verify_resume(resume_setup.build, resume_setup.step_iter, steps=10, resume_at=4, workdir=tmp_path)
+        torchrepro.verify_resume(resume_setup.build_points, resume_setup.step_iter, steps=10, resume_at=4,
+                                 workdir=tmp_path)
     assert "Traceback" not in str(info.value)
 
 
 def test_build_must_return_what_save_checkpoint_takes(tmp_path):
     with pytest.raises(ResumeRunError, match=r"returned keys \['batches'\] that save_checkpoint cannot take"):
-        torchrepro.verify_resume(resume_setup.build_with_iterator, resume_setup.step, steps=2, resume_at=1,
+        torchrepro.verify_resume(resume_setup.build_with_iterator, resume_setup.step_points, steps=2, resume_at=1,
                                  workdir=tmp_path)
     with pytest.raises(ResumeRunError, match=r"build\(\) \(.*:build_not_a_dict\) returned a tuple, expected a dict"):
         torchrepro.verify_resume(resume_setup.build_not_a_dict, resume_setup.step_tiny, steps=2, resume_at=1,

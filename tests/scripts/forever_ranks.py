@@ -1,5 +1,6 @@
-"""Trains until killed, on every rank (no process group); once its first step is done, rank R writes
-``{"pid": its pid, "parent": its parent's pid (torchrun)}`` to ``DIR/rankR.json`` (DIR = argv[1])."""
+"""Trains until killed, on every rank (no process group), its parameter updated by hand (no torch.optim); once its
+first step is done, rank R writes ``{"pid": its pid, "parent": its parent's pid (torchrun)}`` to ``DIR/rankR.json``
+(DIR = argv[1])."""
 
 import json
 import os
@@ -10,12 +11,12 @@ import torch
 
 torch.manual_seed(0)
 w = torch.nn.Parameter(torch.randn(4))
-opt = torch.optim.SGD([w], lr=0.01)
 step = 0
 while True:
     (w ** 2).sum().backward()
-    opt.step()
-    opt.zero_grad()
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-0.01)
+        w.grad = None
     step += 1
     if step == 1:
         path = os.path.join(sys.argv[1], f"rank{os.environ.get('RANK', '0')}.json")

@@ -5,12 +5,15 @@ come from a generator seeded from os.urandom: the data differs between runs); ``
 dropout inside the model whose generator is seeded from os.urandom (the computation differs between runs);
 ``--eval-unseeded`` runs, after every step, a validation forward under ``torch.no_grad()`` and one in eval mode with
 autograd on, both on batches drawn from os.urandom (they are not training data); ``--kwargs`` calls
-``model(idx=x, targets=y)``; ``--accum N`` micro-batches per step; ``--steps N``.
+``model(idx=x, targets=y)``; ``--accum N`` micro-batches per step; ``--steps N``; ``--manual`` updates the
+parameters by hand after the step's backward() calls instead of with AdamW (no torch.optim, whose first use imports
+torch._dynamo: about 1 CPU s a run; with ``--accum 1`` one backward() a step, as an optimizer step would be).
 """
 import argparse
 import os
 
 import torch
+from handstep import sgd_step
 from torch import nn
 
 parser = argparse.ArgumentParser()
@@ -20,6 +23,7 @@ parser.add_argument("--dropout-unseeded", action="store_true")
 parser.add_argument("--eval-unseeded", action="store_true")
 parser.add_argument("--kwargs", action="store_true")
 parser.add_argument("--accum", type=int, default=1)
+parser.add_argument("--manual", action="store_true")
 args = parser.parse_args()
 
 
@@ -57,15 +61,18 @@ class TinyLM(nn.Module):
 
 torch.manual_seed(0)
 model = TinyLM()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+opt = None if args.manual else torch.optim.AdamW(model.parameters(), lr=1e-2)
 x, y = get_batch(gen)
 for _step in range(args.steps):
     for _ in range(args.accum):
         _, loss = model(idx=x, targets=y) if args.kwargs else model(x, y)
         x, y = get_batch(gen)  # prefetch, as nanoGPT does
         (loss / args.accum).backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    if opt is None:
+        sgd_step(model.parameters())
+    else:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     if args.eval_unseeded:
         with torch.no_grad():
             model(*get_batch(eval_gen))

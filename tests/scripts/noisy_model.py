@@ -2,7 +2,8 @@
 compute, the inputs of the model being identical (``--locate`` names the ``aten.rand`` of the marked line).
 
 ``noisy_model.py [--starts FILE]``: with ``--starts``, count this script's starts in FILE and fail from the third
-on (as a script whose data set vanished or whose GPU is taken when ``--locate`` re-runs it)."""
+on (as a script whose data set vanished or whose GPU is taken when ``--locate`` re-runs it). Its parameters are
+updated by hand, not by torch.optim (whose first use imports torch._dynamo: about 1 CPU s in every run)."""
 
 import argparse
 import os
@@ -34,8 +35,9 @@ class Noisy(torch.nn.Module):
 
 
 model = Noisy()
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(2):
-    opt.zero_grad()
     (model(torch.ones(8, 4)) ** 2).mean().backward()
-    opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.grad, alpha=-0.1)
+            p.grad = None

@@ -5,8 +5,8 @@ test_check_resume_at.py). It resumes bit for bit unless `--forget WHAT` leaves W
 - `rng`: torch's RNG state (dropout draws other numbers after the restart);
 - `data`: the data position (the shuffled epoch starts again from its first batch).
 
-`--protocol env` reads the environment variables instead of `torchrepro.resume_point()`; `--no-save` never
-checkpoints.
+`--protocol env` reads the environment variables instead of `torchrepro.resume_point()` (a loop that never saves:
+check_resume_at_never_saves.py).
 """
 
 import argparse
@@ -21,7 +21,6 @@ p.add_argument("--steps", type=int, default=8)
 p.add_argument("--forget", choices=["nothing", "optimizer", "rng", "data"], default="nothing")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--protocol", choices=["helper", "env"], default="helper")
-p.add_argument("--no-save", action="store_true")
 args = p.parse_args()
 
 torch.manual_seed(0)
@@ -61,7 +60,7 @@ while step < args.steps:
     loss.backward()
     opt.step()
     step += 1
-    if due() and not args.no_save:
+    if due():
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                     "rng": torch.get_rng_state()}, checkpoint)
 print("done", step)

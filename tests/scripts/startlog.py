@@ -1,8 +1,9 @@
-"""Logs when its process started and when the script itself started and ended, then trains a few steps.
+"""Logs when its process started and when the script itself started and ended, then trains a few steps, its
+parameters updated by hand (no torch.optim, whose first use imports torch._dynamo: about 1 CPU s a run).
 
-``startlog.py LOG [--steps N] [--fail] [--sleep S]`` appends one JSON line to LOG at the script's start
-(``{"event": "start", "pid", "process_started", "script_started"}``, ``process_started`` read from /proc: when
-the interpreter was exec'd) and one at its end (``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before
+``startlog.py LOG [--steps N] [--fail] [--sleep S]`` appends one JSON line to LOG at the script's
+start (``{"event": "start", "pid", "process_started", "script_started"}``, ``process_started`` read from /proc:
+when the interpreter was exec'd) and one at its end (``{"event": "end", "pid", "t"}``). ``--fail``: exit 3 before
 training; ``--sleep S``: sleep S seconds before training (a run that is still going when a signal comes).
 """
 import argparse
@@ -42,10 +43,11 @@ from torch import nn  # noqa: E402
 
 torch.manual_seed(0)
 model = nn.Linear(4, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(8, 4)
 for _ in range(args.steps):
-    opt.zero_grad()
     model(x).square().mean().backward()
-    opt.step()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.grad, alpha=-0.1)
+            p.grad = None
 log(args.log, event="end", t=time.time())
