@@ -418,11 +418,11 @@ class Cycle:
 keep = Cycle()                                  # alive until shutdown clears this module
 atexit.register(lambda: open(out + "/atexit.txt", "w").write("atexit ran\\n"))
 w = torch.nn.Parameter(torch.ones(3))
-for _ in range(2):                              # updated by hand: no torch.optim (no torch._dynamo import)
+opt = torch.optim.SGD([w], lr=0.1)
+for _ in range(2):
+    opt.zero_grad()
     (w * w).sum().backward()
-    with torch.no_grad():
-        w.add_(w.grad, alpha=-0.1)
-        w.grad = None
+    opt.step()
 '''
 
 
@@ -434,7 +434,7 @@ def test_recorded_run_keeps_the_scripts_exit_work(tmp_path):
     script.write_text(EXIT_WORK)
     out = tmp_path / "files"
     out.mkdir()
-    p = cmd("run", "--record", str(tmp_path / "rec"), "--", "python", str(script), str(out))
+    p = cli("run", "--record", str(tmp_path / "rec"), "--", "python", str(script), str(out))
     assert p.returncode == 0, p.stderr
     assert (out / "unclosed.txt").read_text() == "buffered line\n"
     assert (out / "atexit.txt").read_text() == "atexit ran\n"
