@@ -343,6 +343,8 @@ def test_bisection_over_prefixes_finds_the_kernel_when_instrumentation_is_off(tm
         backward = next(g for g in doc["graphs"] if g["kind"] == "backward")
         if "bisect" in backward:
             break
+    else:  # as the other race tests here: said, not failed (2 busy cores can keep the threads apart every time)
+        pytest.skip("the compiled kernel's race did not show in 8 attempts: its two threads never overlapped")
     assert backward["compiled"] == [] and backward["bisect"]["node"].startswith("_unsafe_masked_index_put")
     result = locate_compiled([doc], step=1)
     assert result.verdict == "compiled-kernel" and result.finding.method == "bisection"
