@@ -33,8 +33,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._core.dispatchmode import QuietDispatchMode
 from .._core.errors import ReproError
 from .._core.io import atomic_write_json
 from .._core.modules import ModuleContext, discover_models, optimizers_exist
@@ -239,7 +239,7 @@ def _code_line(path: str | None, line: int | None, cache: dict[str, list[str]]) 
     return text[line - 1].strip() if 0 < line <= len(text) else ""
 
 
-class _Dispatch(TorchDispatchMode):
+class _Dispatch(QuietDispatchMode):
     def __init__(self, scanner: Scanner) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.scanner = scanner

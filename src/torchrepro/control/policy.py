@@ -30,10 +30,10 @@ from typing import Any, TypeVar, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._core.compat import fill_uninitialized_memory_get, fill_uninitialized_memory_set
+from .._core.dispatchmode import QuietDispatchMode
 from .._core.errors import NondeterministicOpError, ReproWarning
 from .._core.naming import renamed
 from . import registry
@@ -430,7 +430,7 @@ class _SiteMode(TorchFunctionMode):
         return out
 
 
-class _PolicyMode(TorchDispatchMode):
+class _PolicyMode(QuietDispatchMode):
     """Sees every ATen op in the policy's scope (forward and backward) and applies the policy."""
 
     def __init__(self, policy: DeterminismPolicy) -> None:

@@ -29,8 +29,9 @@ import os
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from .._core.dispatchmode import QuietDispatchMode
 from .._core.dtensor import is_dtensor, layout, local_tensor
 
 DRAW_STEPS_ENV = "TORCHREPRO_DRAW_STEPS"
@@ -60,7 +61,7 @@ def _const(t: torch.Tensor) -> bool:
     return bool((flat == flat[0]).all())
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(QuietDispatchMode):
     def __init__(self, watch: DrawWatch) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.watch = watch

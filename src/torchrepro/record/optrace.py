@@ -32,8 +32,8 @@ from typing import IO, Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._core.dispatchmode import QuietDispatchMode
 from .._core.modules import ModuleContext, discover_models
 from .._core.ompteam import signals_deferred
 from .opfps import _LEAF_TYPES, OVERWRITTEN, UNINITIALIZED, _FpCache, _scalar_repr, _tensors
@@ -175,7 +175,7 @@ def _any_requires_grad(tensors: list[torch.Tensor]) -> bool:
     return False
 
 
-class _Dispatch(TorchDispatchMode):
+class _Dispatch(QuietDispatchMode):
     """The tracer's mode on one thread's stack: records each ATen op (see :meth:`OpTracer.record`)."""
 
     def __init__(self, tracer: OpTracer) -> None:

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .._core.dispatchmode import QuietDispatchMode
 from .._core.fingerprint import fingerprint
 from .._core.modules import ModuleContext, discover_models
 from .opsite import _code_line, _site_of
@@ -143,7 +143,7 @@ def _row_dim(shape: tuple[int, ...], ref: tuple[int, ...], size: int) -> int | N
     return None
 
 
-class RowTracer(TorchDispatchMode):
+class RowTracer(QuietDispatchMode):
     """Trace the ATen ops of a block, keeping row slices (see the module docs).
 
     ``size``/``position``: the batch the block runs and where the traced row is in it; ``reference``: the trace of
