@@ -15,16 +15,6 @@ from torchrepro.control.determinism import apply_config, current_config
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
-# In the processes the tests start, OpenMP threads that wait for work sleep instead of spinning. Two workers on two
-# cores each start two-thread training processes; a thread spinning while its partner is preempted burns the core
-# another test's process needs (a ResNet-18 step process: 3.3 CPU s alone; beside two busy processes 3.6-5.6 s with
-# OpenMP's default policy, 3.3-3.5 s with PASSIVE; the suite: 1889 -> 1694 CPU s). Results do not depend on it: the
-# policy only says how an idle thread waits. This process keeps the default (its OpenMP runtime read the environment
-# when torch was imported above): the in-process races of tiny compiled kernels need both threads to start at once,
-# as do the runs of the tests that locate such races, which take the variable out again (tests/ompwait.py).
-OMP_WAIT_POLICY = "PASSIVE"
-os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
-
 # `python` in the commands that tests pass to `torchrepro check -- python ...` is looked up on PATH: make it
 # this interpreter, as an activated virtual environment would.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from tests.inprocess import torchrepro as in_process
-from tests.ompwait import default_omp_wait
 from torchrepro.analysis.compilelocate import locate_compiled
 from torchrepro.cli._render import render_locate
 from torchrepro.record.compiled import CompileWatch
@@ -32,9 +31,7 @@ def _line_of(path: Path, marker: str) -> int:
 def _check(out: Path, *flags: str, script: Path = EXAMPLE, args: tuple[str, ...] = ()) -> tuple[int, dict, str]:
     """`check --json` in this process (tests/inprocess.py): no interpreter of its own to start (~2 s of CPU); the
     runs it compares are processes of their own as always."""
-    with default_omp_wait():  # the compiled kernel's race needs its two threads to start at once (tests/ompwait.py)
-        p = in_process("check", "--json", "--out", str(out), *flags, "--", "python", str(script), *args,
-                       timeout=900)
+    p = in_process("check", "--json", "--out", str(out), *flags, "--", "python", str(script), *args, timeout=900)
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 

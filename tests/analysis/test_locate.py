@@ -14,7 +14,6 @@ from torch import nn
 
 import torchrepro
 from tests.inprocess import torchrepro as in_process
-from tests.ompwait import default_omp_wait
 from torchrepro.analysis.locate import deterministic_kernel, locate_ops
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,11 +30,8 @@ def _line_of(path: Path, marker: str) -> int:
 
 
 def locate(tmp_path: Path, script: Path, *flags: str) -> tuple[int, dict, str]:
-    """`check --locate --json`, in this process (tests/inprocess.py); its runs wait for OpenMP work as by default
-    (tests/ompwait.py): the scatters' races are what these tests locate."""
-    with default_omp_wait():
-        p = in_process("check", "--locate", "--json", "--out", str(tmp_path / "out"), *flags, "--", "python",
-                       str(script))
+    """`check --locate --json`, in this process (tests/inprocess.py)."""
+    p = in_process("check", "--locate", "--json", "--out", str(tmp_path / "out"), *flags, "--", "python", str(script))
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
