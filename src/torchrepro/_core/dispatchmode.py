@@ -30,18 +30,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["QuietDispatchMode"]
 
 
-def _disabled_once_dynamo_is_loaded(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """``handler`` as is while ``torch._dynamo`` is not (fully) imported; under ``torch._dynamo.disable`` after."""
-    disabled: Callable[..., Any] | None = None
+def _disabled_once_dynamo_is_loaded(cls: type, handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` as is while ``torch._dynamo`` is not (fully) imported; from the first call after, ``cls``'s handler
+    becomes the one torch would have made (``torch._disable_dynamo(handler)``), with no wrapper of ours left."""
 
     @functools.wraps(handler)
     def run(*args: Any, **kwargs: Any) -> Any:
-        nonlocal disabled
-        if disabled is None:
-            if getattr(sys.modules.get("torch._dynamo"), "disable", None) is None:
-                return handler(*args, **kwargs)  # not imported, or being imported now (an op of its own import)
-            wrap = getattr(torch, "_disable_dynamo", None)  # what torch itself wraps handlers in (recent torch)
-            disabled = wrap(handler, recursive=True) if wrap is not None else handler
+        if getattr(sys.modules.get("torch._dynamo"), "disable", None) is None:
+            return handler(*args, **kwargs)  # not imported, or being imported now (an op of its own import)
+        wrap = getattr(torch, "_disable_dynamo", None)  # what torch itself wraps handlers in (recent torch)
+        disabled = wrap(handler, recursive=True) if wrap is not None else handler
+        cls.__torch_dispatch__ = disabled  # type: ignore[attr-defined]
         return disabled(*args, **kwargs)
 
     return run
@@ -58,4 +57,4 @@ class QuietDispatchMode(TorchDispatchMode):
         super().__init_subclass__(**kwargs)  # type: ignore[no-untyped-call]
         handler = cls.__dict__.get("__torch_dispatch__")
         if handler is not None and not isinstance(handler, classmethod):
-            cls.__torch_dispatch__ = _disabled_once_dynamo_is_loaded(handler)  # type: ignore[method-assign]
+            cls.__torch_dispatch__ = _disabled_once_dynamo_is_loaded(cls, handler)  # type: ignore[method-assign]
