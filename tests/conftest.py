@@ -15,29 +15,6 @@ from torchrepro.control.determinism import apply_config, current_config
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
-# --- how many OpenMP threads the processes a test starts use ---------------------------------------------------------
-# The suite is CPU-bound: two workers on two cores, each starting training processes of two threads whose models are
-# too small to gain from the second, while an idle OpenMP thread spins on the core the other worker's run needs. So
-# the processes a test starts run with one thread (OMP_NUM_THREADS=1, as torchrun starts every rank), unless the
-# environment sets it: the suite 1831 -> 1647 CPU s, pytest 16.5 -> 14.7 min. Tests whose verdict needs a CPU race in
-# those processes (a scatter's `compute` divergence, a located `aten.index_put_`) are marked ``races`` and keep the
-# machine's threads; one that lacks the mark fails every time, not now and then (its runs cannot race). A script
-# that sets its threads itself (torch.set_num_threads(2)) still races. This process keeps its own threads (its
-# OpenMP runtime read the environment when torch was imported above), as do the in-process tests.
-_USERS_THREADS = os.environ.get("OMP_NUM_THREADS")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before the test's fixtures (module-scoped ones too) start anything: its processes' OpenMP threads."""
-    if _USERS_THREADS is not None:
-        os.environ["OMP_NUM_THREADS"] = _USERS_THREADS
-    elif item.get_closest_marker("races") is None:
-        os.environ["OMP_NUM_THREADS"] = "1"
-    else:
-        os.environ.pop("OMP_NUM_THREADS", None)
-
-
 # `python` in the commands that tests pass to `torchrepro check -- python ...` is looked up on PATH: make it
 # this interpreter, as an activated virtual environment would.
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])

@@ -66,7 +66,6 @@ def _step(doc, part, step):
 
 
 @pytest.mark.slow
-@pytest.mark.races  # the dry run locates the CPU race of tools/cuda_nondet_train.py
 def test_the_dry_run_runs_every_part_and_reads_its_output(dry):
     p, doc, text = dry
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
@@ -84,7 +83,6 @@ def test_the_dry_run_runs_every_part_and_reads_its_output(dry):
 
 
 @pytest.mark.slow
-@pytest.mark.races  # the dry run locates the CPU race of tools/cuda_nondet_train.py
 def test_the_dry_run_keeps_the_registry_json_whole(dry):
     _, doc, _ = dry
     result = _step(doc, "registry", "registry")["result"]
@@ -96,7 +94,6 @@ def test_the_dry_run_keeps_the_registry_json_whole(dry):
 
 
 @pytest.mark.slow
-@pytest.mark.races  # the dry run locates the CPU race of tools/cuda_nondet_train.py
 def test_the_dry_run_checks_the_script_with_its_cpu_nondeterministic_op(dry):
     _, doc, text = dry
     plain, located, det = (_step(doc, "check", s)["result"] for s in
@@ -113,7 +110,6 @@ def test_the_dry_run_checks_the_script_with_its_cpu_nondeterministic_op(dry):
 
 
 @pytest.mark.slow
-@pytest.mark.races  # the dry run locates the CPU race of tools/cuda_nondet_train.py
 def test_the_dry_run_benches_both_precisions_beside_the_earlier_figures(dry):
     _, doc, text = dry
     for precision, earlier in (("fp32", 0.165), ("bf16", 0.156)):
@@ -127,7 +123,6 @@ def test_the_dry_run_benches_both_precisions_beside_the_earlier_figures(dry):
 
 
 @pytest.mark.slow
-@pytest.mark.races  # the dry run locates the CPU race of tools/cuda_nondet_train.py
 def test_the_dry_run_captures_the_batch_invariance_tool_and_the_fingerprint_checks(dry):
     _, doc, _ = dry
     inv = _step(doc, "invariance", "invariance")["result"]

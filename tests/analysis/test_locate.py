@@ -35,7 +35,6 @@ def locate(tmp_path: Path, script: Path, *flags: str) -> tuple[int, dict, str]:
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
 
 
-@pytest.mark.races
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="CPU nondeterminism needs 2+ torch threads")
 def test_index_put_origin_with_module_phase_and_line(tmp_path):
     script = EXAMPLES / "scatter_gnn.py"

@@ -74,7 +74,6 @@ def test_a_script_that_seeds_itself_is_seed_insensitive(tmp_path, capsys):
     assert "Note: the initial weights are bitwise identical for every seed" in text
 
 
-@pytest.mark.races
 @needs_threads
 def test_scatter_add_training_has_same_seed_spread(tmp_path, capsys):
     rc, doc, _ = variance(capsys, tmp_path / "out", "--runs", "2", "--seeds", "2", "--metric", "val_mse",
