@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from .._core.errors import InternalError, Interrupted, ReproError
 from .._core.table import printable_lines
 from .._version import __version__
-from ._usage import HelpFormatter
+from ._usage import SUMMARIES, HelpFormatter
 
 # Subcommand modules (in --help order), each with add_parser(subparsers) and run(args) -> int. They are imported
 # only when needed: lint and rule run without importing torch (fast enough for pre-commit hooks).
@@ -111,16 +111,29 @@ Shell completion: torchrepro completion bash (or zsh); see `torchrepro completio
 
 def build_parser(only: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of the subcommand modules named in ``only``."""
+    parser, sub = _top_parser()
+    for name in only or COMMANDS:
+        importlib.import_module(f".{name}", __name__).add_parser(sub)
+    return parser
+
+
+def summary_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command as a bare entry (its ``--help`` line, no options): what ``torchrepro``,
+    ``torchrepro --help`` and ``--version`` need, without importing a command's module (some import torch)."""
+    parser, sub = _top_parser()
+    for name in NAMES:
+        sub.add_parser(name, help=SUMMARIES[name])
+    return parser
+
+
+def _top_parser() -> tuple[argparse.ArgumentParser, Any]:
     parser = _Parser(
         prog="torchrepro",
         description="Make PyTorch training bitwise reproducible, prove it, and find where it is not.",
         epilog=EXAMPLES,
     )
     parser.add_argument("--version", action="version", version=f"torchrepro {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in only or COMMANDS:
-        importlib.import_module(f".{name}", __name__).add_parser(sub)
-    return parser
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
 
 
 def _own_words(argv: list[str]) -> list[str]:
@@ -166,8 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = next((word for word in argv if not word.startswith("-")), None)
     if first is not None and first not in NAMES:  # a typo: said before importing every command (and torch)
         return _fail(None, _wants_json(argv), "", unknown_command(first), 2)
-    # Only the named subcommand's module is imported (the others may import torch); --help gets them all.
-    parser = build_parser([f"{first}_cmd"] if first is not None and f"{first}_cmd" in COMMANDS else None)
+    # Only the named subcommand's module is imported (the others may import torch); without one (--help,
+    # --version) none is: the commands are listed from their summaries.
+    parser = build_parser([f"{first}_cmd"]) if first is not None else summary_parser()
     as_json = _wants_json(argv)
     command = argv[0] if argv and not argv[0].startswith("-") else None
     try:

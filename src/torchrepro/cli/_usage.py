@@ -11,6 +11,28 @@ import textwrap
 
 COMMAND_TAIL = "-- python train.py [ARGS]"
 
+# Each command's line in `torchrepro --help` (its parser's help=, in --help order). Kept here, not in the command's
+# module, so that `torchrepro --help` and `--version` list the commands without importing their modules: six of them
+# import torch (about 2 s), which `torchrepro check --help` or `lint` never pay either.
+SUMMARIES = {
+    "run": "run a script with seeding/determinism and optional recording",
+    "check": "run a training script N times and compare the runs bit for bit",
+    "diff": "compare two recorded run directories (and their environments)",
+    "env": "show the environment facts that change numerics; `env diff A B` ranks the differences between two",
+    "audit": "judge the reproducibility checklist here, or for a script at its first step",
+    "lint": "find reproducibility pitfalls in training code (static; exit 1 on findings)",
+    "rule": "explain a lint rule (torchrepro rule TR101); without a code, list the rules",
+    "bench": "time a training script's steps under default and deterministic settings",
+    "variance": "same-seed nondeterminism vs seed-to-seed spread, and the smallest difference two configurations can "
+                "show",
+    "scan": "list the ops of one training step that are nondeterministic on a device (exit 1 if any)",
+    "compare": "run two different commands and compare them step by step (bitwise or within a tolerance)",
+    "bisect": "find the first commit whose run differs from a good commit's (git worktrees; your checkout is never "
+              "touched)",
+    "invariance": "check that a model gives a row (a prompt) the same bits alone as inside any batch",
+    "completion": "print the shell completion script (bash or zsh) of every command",
+}
+
 
 def option_usage(action: argparse.Action) -> str:
     """``[--flag]`` or ``[--flag METAVAR]`` (the first option string, as argparse shows it)."""

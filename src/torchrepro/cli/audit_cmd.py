@@ -23,6 +23,7 @@ from ..record.launcher import LaunchOptions, launch, parse_python_command
 from ._html.reports import audit_report
 from ._options import add_json_option
 from ._report import html_fields, html_option, write_html_option
+from ._usage import SUMMARIES
 
 _MARK = {"ok": "ok    ", "info": "info  ", "advice": "ADVICE", "threat": "THREAT"}
 
@@ -34,7 +35,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("audit", help="judge the reproducibility checklist here, or for a script at its first step",
+    p = sub.add_parser("audit", help=SUMMARIES["audit"],
                        usage="torchrepro audit [--json] [--html PATH] [-- python train.py [ARGS]]",
                        description="Evaluate the reproducibility checklist (RNG seeds, DataLoader workers, cuDNN/"
                        "cuBLAS algorithm choice, collective communication, mixed precision, hardware). With a "

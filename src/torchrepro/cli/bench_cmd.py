@@ -30,7 +30,7 @@ from ..record.outdir import lock_dir
 from ._explain import overhead_text, significance_notes, verify_left_out
 from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
-from ._usage import COMMAND_TAIL, set_usage
+from ._usage import COMMAND_TAIL, SUMMARIES, set_usage
 
 SCHEMA = "torchrepro.bench/1"
 OWN_FILES = {"bench.json", "bench.png", "bench.txt"}
@@ -87,7 +87,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="time a training script's steps under default and deterministic settings",
+    p = sub.add_parser("bench", help=SUMMARIES["bench"],
                        description="Time a training script's steps under default and deterministic settings, in "
                                    "alternating rounds, and report what determinism costs per step with its confidence"
                                    " interval.",

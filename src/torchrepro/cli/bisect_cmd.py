@@ -44,7 +44,7 @@ from ..record.store import Run, load_run
 from ._checkrun import WriteErrors, output_dir
 from ._options import add_run_options, positive_int
 from ._sides import Side, record_side
-from ._usage import COMMAND_TAIL, set_usage
+from ._usage import COMMAND_TAIL, SUMMARIES, set_usage
 from .compare_cmd import add_tolerance_options, launch_options, tolerance
 
 SCHEMA = "torchrepro.bisect/1"
@@ -59,8 +59,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bisect", help="find the first commit whose run differs from a good commit's (git worktrees; "
-                                      "your checkout is never touched)",
+    p = sub.add_parser("bisect", help=SUMMARIES["bisect"],
                        description="Find the first commit between --good and --bad whose run differs from the good "
                                    "commit's: each commit runs the command in its own git worktree (your checkout is "
                                    "never touched), and the first bad commit and its parent are traced to name the op "

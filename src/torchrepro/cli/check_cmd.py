@@ -34,7 +34,7 @@ from ._options import (
     positive_int,
     runs_arg,
 )
-from ._usage import COMMAND_TAIL, set_usage
+from ._usage import COMMAND_TAIL, SUMMARIES, set_usage
 
 if TYPE_CHECKING:  # the analysis modules (and torch, matplotlib) are imported in the background while run 1 runs
     from ..analysis.compare import CheckResult
@@ -54,7 +54,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="run a training script N times and compare the runs bit for bit",
+    p = sub.add_parser("check", help=SUMMARIES["check"],
                        description="Run a training script N times (default 2) and compare the runs step by step, bit "
                                    "for bit: the first divergent step, what diverged first, the likely cause and what "
                                    "to do next. Exit codes: 0 identical, 1 diverged, 2 usage error or failed script.",

@@ -35,7 +35,7 @@ from ._options import (
 )
 from ._output import locate_failed
 from ._sides import Side, parse_side, record_side
-from ._usage import set_usage
+from ._usage import SUMMARIES, set_usage
 
 if TYPE_CHECKING:
     from ..analysis.crossrun import CompareResult
@@ -79,8 +79,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("compare", help="run two different commands and compare them step by step (bitwise or "
-                                       "within a tolerance)",
+    p = sub.add_parser("compare", help=SUMMARIES["compare"],
                        description="Run two different command lines (a flag, a refactor, eager against compiled, other"
                                    " variables) and compare them step by step, bitwise or within --rtol/--atol; "
                                    "--locate names the op where they part. Exit codes: 0 identical or within "

@@ -12,6 +12,7 @@ from typing import Any
 
 from .._version import __version__
 from ._completion import SHELLS, completion_script
+from ._usage import SUMMARIES
 
 EPILOG = """\
 Install (once; print the script again after upgrading torchrepro):
@@ -27,7 +28,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("completion", help="print the shell completion script (bash or zsh) of every command",
+    p = sub.add_parser("completion", help=SUMMARIES["completion"],
                        description="Print a completion script for bash or zsh on stdout: TAB then completes "
                                    "torchrepro's commands, their options and the values of options with a fixed "
                                    "set; after the training command's script, file names.",

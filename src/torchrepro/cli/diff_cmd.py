@@ -20,6 +20,7 @@ from ._checkrun import EnvironmentDifferences, WriteErrors, environment_differen
 from ._options import add_json_option
 from ._output import save_locate
 from ._render import render_op_table
+from ._usage import SUMMARIES
 from .check_cmd import finish
 
 NOTHING_TO_LOCATE: dict[str, Any] = {"verdict": "nothing-to-locate",
@@ -71,7 +72,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("diff", help="compare two recorded run directories (and their environments)",
+    p = sub.add_parser("diff", help=SUMMARIES["diff"],
                        description="Compare two run directories recorded by `torchrepro run --record` step by step, as"
                                    " check compares its runs, and rank the differences of their environments. Exit "
                                    "codes: 0 identical, 1 diverged, 2 usage or input error.",

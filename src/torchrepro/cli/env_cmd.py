@@ -21,6 +21,7 @@ from ..env.info import environment
 from ._options import add_json_option
 from ._render import print_env_diff
 from ._report import html_fields, html_option, write_html_option
+from ._usage import SUMMARIES
 
 # Sections printed as "key value" rows, in this order; packages are summarised (all of them with --json).
 _TEXT_SECTIONS = ("python", "platform", "torch_build", "cuda", "accelerators", "cpu", "config", "threads",
@@ -40,8 +41,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("env", help="show the environment facts that change numerics; `env diff A B` ranks "
-                       "the differences between two", usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
+    p = sub.add_parser("env", help=SUMMARIES["env"], usage="torchrepro env [--json] [-o FILE] [--include-host]\n"
                        "       torchrepro env diff A B [--json]",
                        description="Show the environment facts that can change numerics: versions, determinism flags, "
                                    "threads, hardware and variables. `torchrepro env diff A B` ranks the differences "

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._core.errors import BatchInvarianceError
 from ._options import add_json_option, positive_int
+from ._usage import SUMMARIES
 
 JSON_NAME = "invariance.json"
 
@@ -56,7 +57,7 @@ Examples:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "invariance", help="check that a model gives a row (a prompt) the same bits alone as inside any batch",
+        "invariance", help=SUMMARIES["invariance"],
         usage="torchrepro invariance (--hf DIR --prompts FILE [--max-new-tokens N] | MODULE:FUNCTION --input "
               "FILE.pt [--rows LIST] [--positions LIST]) [--sizes LIST] [--runs N] [--no-locate] "
               "[--batch-invariant] [--out DIR] [--json]",

@@ -12,6 +12,7 @@ from .._version import __version__
 from ..lint import FORMATS, ConfigError, LintConfig, lint_paths, load_config, render
 from ..lint.formats import summary_line
 from ._options import add_json_option
+from ._usage import SUMMARIES
 
 
 class LintUsageError(ReproError):
@@ -39,7 +40,7 @@ Examples:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "lint", help="find reproducibility pitfalls in training code (static; exit 1 on findings)",
+        "lint", help=SUMMARIES["lint"],
         description="Check Python files for reproducibility pitfalls: unseeded or late-seeded generators, "
                     "nondeterministic CUDA ops and cuDNN settings, data order, distributed sampling, checkpoints "
                     "without RNG state. `torchrepro rule CODE` explains a rule. Configuration: "

@@ -9,6 +9,7 @@ from typing import Any
 from .._core.errors import ReproError
 from ..lint import RULES, get_rule
 from ._options import add_json_option
+from ._usage import SUMMARIES
 
 
 class UnknownRuleError(ReproError):
@@ -23,7 +24,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("rule", help="explain a lint rule (torchrepro rule TR101); without a code, list the rules",
+    p = sub.add_parser("rule", help=SUMMARIES["rule"],
                        description="Explain a lint rule: what it finds, why it breaks reproducibility and how to fix "
                                    "it; without a code, list the rules.",
                        epilog=EXAMPLES)

@@ -12,7 +12,7 @@ from ..record.launcher import CommandError, LaunchOptions, launch, parse_torchru
 from ..record.options import RankOptions
 from ..record.settings import TraceSettings, ValueSettings
 from ._options import add_json_option, add_launch_options, determinism_options, step_arg
-from ._usage import COMMAND_TAIL, set_usage
+from ._usage import COMMAND_TAIL, SUMMARIES, set_usage
 
 
 def node_failure(record: str, nnodes: int, node: object) -> str:
@@ -38,7 +38,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a script with seeding/determinism and optional recording",
+    p = sub.add_parser("run", help=SUMMARIES["run"],
                        description="Run a training script once, as it runs alone, with torchrepro's seeding, "
                                    "deterministic mode and step limit applied; with --record, record its steps into a "
                                    "run directory that `torchrepro diff` compares.",

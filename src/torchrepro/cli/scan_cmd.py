@@ -21,6 +21,7 @@ from ..record.launcher import LaunchOptions, launch, parse_python_command
 from ..record.launchers import several_processes_error
 from ._checkrun import tail_lines
 from ._options import add_json_option, positive_int
+from ._usage import SUMMARIES
 
 _STDERR_FD = 2  # with --json the script's stdout goes to our stderr (a file descriptor: works under any sys.stderr)
 
@@ -33,7 +34,7 @@ Examples:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
-        "scan", help="list the ops of one training step that are nondeterministic on a device (exit 1 if any)",
+        "scan", help=SUMMARIES["scan"],
         usage="torchrepro scan [--device cuda|cpu] [--steps N] [--json] -- python train.py [ARGS]",
         description="Run one training step of the script under an op scanner and list each op that would be "
                     "nondeterministic, raise or warn under deterministic mode on the target device -- also when "

@@ -22,7 +22,7 @@ from ..record.launcher import LaunchOptions, parse_python_command
 from ..record.outdir import lock_dir
 from ._options import add_json_option, positive_int, seed_arg
 from ._series import Launched, output_dir, pyplot, run_series, save_figure
-from ._usage import COMMAND_TAIL, set_usage
+from ._usage import COMMAND_TAIL, SUMMARIES, set_usage
 
 OWN_FILES = {"variance.json", "variance.png", "variance.txt"}
 
@@ -42,8 +42,7 @@ Examples:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("variance", help="same-seed nondeterminism vs seed-to-seed spread, and the smallest "
-                                        "difference two configurations can show",
+    p = sub.add_parser("variance", help=SUMMARIES["variance"],
                        description="Run the script N times with one seed and M times with different seeds: how much "
                                    "its final metric moves from nondeterminism alone and from the seed, and the "
                                    "smallest difference between two configurations that such runs can show.",
