@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,54 @@ def test_a_part_is_skipped_only_when_all_its_steps_were():
     assert gc.aggregate({"fp32": p, "bf16": s}) == ("passed", "bf16: skipped: out of time: x")
     assert gc.aggregate({"fp32": s, "bf16": s})[0] == "skipped"
     assert gc.aggregate({"a": p, "b": f, "c": {"status": "error", "reason": "e"}})[0] == "failed"
+
+
+# --- the running step never outlives the check (SIGTERM, SIGHUP, and SIGKILL where no handler runs) ----------------
+_DRIVER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("gpu_check_driven", sys.argv[1])
+gc = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = gc
+spec.loader.exec_module(gc)
+step = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(300)"
+gc.PARTS = (gc.Part("slow", 1, "sleeps",
+                    lambda *a: [gc.Step("sleeps", [sys.executable, "-c", step, sys.argv[2]], gc.parse_worker, 600.0)]),)
+sys.exit(gc.main(["--dry-run", "--out", sys.argv[3]]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_the_running_step_is_stopped_when_the_check_is(tmp_path, sig):
+    """Each step leads a session of its own (so that a limit stops its whole group): a signal to the check must reach
+    it. SIGTERM/SIGHUP stop it as Ctrl-C does and say so in gpu_check.json; SIGKILL reaches it through the parent-death
+    signal the step was started with."""
+    pidfile, out = tmp_path / "step.pid", tmp_path / "out"
+    check = subprocess.Popen([sys.executable, "-c", _DRIVER, str(TOOL), str(pidfile), str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    step = None
+    try:
+        deadline = time.monotonic() + 120
+        while step is None and time.monotonic() < deadline and check.poll() is None:
+            text = pidfile.read_text() if pidfile.exists() else ""
+            step = int(text) if text.strip() else None
+            time.sleep(0.05)
+        assert step is not None, check.communicate(timeout=5)
+        check.send_signal(sig)
+        _, err = check.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while not _gone(step) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(step), f"the step ({step}) outlived the check stopped by {sig.name}"
+    finally:
+        check.kill()
+        if step is not None and not _gone(step):
+            os.kill(step, signal.SIGKILL)
+    if sig == signal.SIGKILL:
+        assert check.returncode == -signal.SIGKILL
+        return
+    message = (f"stopped by {sig.name}: the running step was stopped with its processes; the parts before it are "
+               "kept")
+    assert check.returncode == 128 + sig, err
+    doc = json.loads((out / "gpu_check.json").read_text())
+    assert (doc["exit_code"], doc["message"]) == (128 + sig, message)
+    assert f"gpu_check: {message}" in err

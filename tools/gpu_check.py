@@ -180,21 +180,62 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP to this script: raised where it is, so that the running step is stopped as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Any:
+    """While active, SIGTERM and SIGHUP raise :class:`Stopped` (their default would end this script at once and
+    leave the running step, in a session of its own, running)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """Linux: a ``preexec_fn`` that makes the step get SIGTERM when this script dies, even by SIGKILL, where no
+    handler of ours runs (the step leads a session of its own: nothing else would reach it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not between fork and exec
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # this script died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def run_command(argv: Sequence[str], *, limit: float, logs: Path, name: str,
                 env: dict[str, str] | None = None) -> Ran:
-    """Run ``argv`` in the repository root with its output in files under ``logs``; stop it after ``limit`` s."""
+    """Run ``argv`` in the repository root with its output in files under ``logs``; stop it after ``limit`` s, on
+    Ctrl-C, SIGTERM or SIGHUP (inside :func:`_signals_raise`), and when this script dies."""
     slug = "".join(c if c.isalnum() else "-" for c in name)
     out_path, err_path = logs / f"{slug}.stdout", logs / f"{slug}.stderr"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with(os.getpid()))
         try:
             rc: int | None = proc.wait(timeout=max(limit, 0.1))
         except subprocess.TimeoutExpired:
             _stop(proc)
             rc = None
-        except BaseException:  # Ctrl-C: leave nothing running
+        except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: leave nothing running
             _stop(proc)
             raise
     elapsed = time.monotonic() - t0
@@ -672,22 +713,14 @@ def main(argv: list[str] | None = None) -> int:
     logs = work / "logs"
     logs.mkdir()
     try:
-        for part in PARTS:
-            if part.key not in args.parts:
-                continue
-            entry: dict[str, Any] = {"number": part.number, "title": part.title, "status": SKIPPED, "reason": None,
-                                     "steps": {}}
-            doc["parts"][part.key] = entry
-            try:
-                steps = part.steps(args, sizes, limits, env, work)
-            except Exception as exc:  # a part that cannot even be set up is its own finding
-                entry.update(status=ERROR, reason=f"{type(exc).__name__}: {exc}")
-                write(out, doc)
-                continue
-            for step in steps:
-                entry["steps"][step.name] = run_step(step, clock, logs)
-                entry["status"], entry["reason"] = aggregate(entry["steps"])
-                write(out, doc)
+        with _signals_raise():
+            run_parts(args, sizes, limits, env, work, logs, clock, out, doc)
+    except Stopped as exc:
+        doc.update(message=f"stopped by {exc}: the running step was stopped with its processes; the parts before it "
+                           "are kept", elapsed_s=round(time.monotonic() - clock.start, 1), exit_code=128 + exc.signum)
+        write(out, doc)
+        say(doc["message"])
+        return int(doc["exit_code"])
     finally:
         if args.keep_work:
             say(f"run directories kept in {work}")
@@ -702,6 +735,27 @@ def main(argv: list[str] | None = None) -> int:
     write(out, doc)
     print(summary_text(doc), end="")
     return doc["exit_code"]
+
+
+def run_parts(args: argparse.Namespace, sizes: Sizes, limits: dict[str, float], env: dict[str, str], work: Path,
+              logs: Path, clock: Clock, out: Path, doc: dict[str, Any]) -> None:
+    """Each part asked for, step by step, into ``doc`` (written to ``out`` after each step)."""
+    for part in PARTS:
+        if part.key not in args.parts:
+            continue
+        entry: dict[str, Any] = {"number": part.number, "title": part.title, "status": SKIPPED, "reason": None,
+                                 "steps": {}}
+        doc["parts"][part.key] = entry
+        try:
+            steps = part.steps(args, sizes, limits, env, work)
+        except Exception as exc:  # a part that cannot even be set up is its own finding
+            entry.update(status=ERROR, reason=f"{type(exc).__name__}: {exc}")
+            write(out, doc)
+            continue
+        for step in steps:
+            entry["steps"][step.name] = run_step(step, clock, logs)
+            entry["status"], entry["reason"] = aggregate(entry["steps"])
+            write(out, doc)
 
 
 if __name__ == "__main__":
