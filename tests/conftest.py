@@ -20,6 +20,50 @@ EXAMPLES = ROOT / "examples"
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 
+# --- one temporary directory for the session ----------------------------------------------------------------------
+# Every process the suite starts writes its temporary files (pytest's tmp_path folders, torchrun's torchelastic_*,
+# the pymp-* of DataLoader workers that their script leaves, the CLI's own) into one directory made here and removed
+# at the end: a run of the suite leaves nothing in /tmp, except this directory when a test failed (kept to be
+# read, and said so). Made by the process that runs the session (xdist's controller: its workers inherit TMPDIR).
+# Torch's compile cache stays where it was (torchinductor_USER in the temporary directory the suite started with):
+# cold, the compile tests cost a third more.
+_SESSION_TMP = pytest.StashKey[Path]()
+_SESSION_FAILED = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or os.environ.get("TORCHREPRO_TESTS_TMPDIR"):
+        return  # an xdist worker, or a pytest run inside the suite: the session's directory is already set
+    import getpass
+    import tempfile
+
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch._inductor's default_cache_dir()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{user}"))
+    tmp = Path(tempfile.mkdtemp(prefix="torchrepro-tests-"))
+    os.environ["TMPDIR"] = os.environ["TORCHREPRO_TESTS_TMPDIR"] = str(tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    config.stash[_SESSION_TMP] = tmp
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_SESSION_FAILED] = exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    tmp = config.stash.get(_SESSION_TMP, None)
+    if tmp is None:
+        return
+    if config.stash.get(_SESSION_FAILED, False):
+        print(f"\nthe session's temporary files are kept in {tmp} (a test failed)", file=sys.stderr)
+        return
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _modules_with_module_fixtures() -> set[str]:
     """The test modules (as in test ids) that define a module-scoped fixture: recorded runs, a check, a bisect."""
     return {path.relative_to(ROOT).as_posix() for path in (ROOT / "tests").rglob("test_*.py")
