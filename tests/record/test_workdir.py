@@ -15,7 +15,7 @@ import pytest
 
 from tests.inprocess import torchrepro
 from torchrepro.analysis.compare import CheckResult
-from torchrepro.record.workdir import WorkdirWatch, walk
+from torchrepro.record.workdir import WorkdirWatch, fs_now_ns, walk
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
@@ -196,6 +196,20 @@ def test_only_files_run_1_changed_and_did_not_read_back_itself_are_reported(tmp_
     watch.reads[2] = _reads({"data.bin": False, "old.txt": False, "snap.pt": False, "x.pt": False}, tmp_path)
     assert watch.shared() == [{"run": 2, "path": "old.txt", "how": "opened", "change": "changed"},
                               {"run": 2, "path": "snap.pt", "how": "opened", "change": "created"}]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's coarse clock")
+def test_a_file_made_after_fs_now_is_never_older_than_it(tmp_path):
+    """The kernel stamps file times from its coarse clock, up to a tick behind time.time_ns(): read from the fine
+    clock, "now" is later than the ctime of every file made in the same tick (an audit's own writes then looked like
+    another run's). No file is stat-ed until all are made: a stat-ed inode's next ctime is fine-grained."""
+    made = []
+    for i in range(300):
+        now = fs_now_ns()
+        path = tmp_path / f"f{i}"
+        path.touch()
+        made.append((path, now))
+    assert [p.name for p, now in made if p.stat().st_ctime_ns < now] == []
 
 
 def test_the_audit_records_reads_under_the_cwd_changed_since_the_start(tmp_path):

@@ -38,11 +38,16 @@ MARGIN_NS = 2_000_000_000  # file times come from a coarse clock: watch from a l
 SHOWN = 5
 
 
+# Linux's CLOCK_REALTIME_COARSE (<linux/time.h>), which CPython's time module does not name: the clock the kernel
+# stamps file times with, up to a tick (1-10 ms) behind time.time_ns().
+_COARSE_CLOCK = getattr(time, "CLOCK_REALTIME_COARSE", 5 if sys.platform.startswith("linux") else None)
+
+
 def fs_now_ns() -> int:
     """Now, as the kernel stamps file times: its coarse clock where it has one (Linux), which can lag
-    ``time.time_ns()`` by a tick; a file made after this call never has an earlier ctime."""
-    coarse = getattr(time, "CLOCK_REALTIME_COARSE", None)
-    return time.clock_gettime_ns(coarse) if coarse is not None else time.time_ns()
+    ``time.time_ns()`` by a tick; a file made after this call never has an earlier ctime (after ``time.time_ns()``
+    it can: every file made in the same tick has)."""
+    return time.clock_gettime_ns(_COARSE_CLOCK) if _COARSE_CLOCK is not None else time.time_ns()
 
 READS_KEY = "workdir_reads"  # the child's summary (manifest) field
 _IMPORTLIB = frozenset({"importlib._bootstrap_external", "_frozen_importlib_external"})
