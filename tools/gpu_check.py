@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import importlib.util
 import io
@@ -58,6 +59,9 @@ TOOLS = ROOT / "tools"
 SRC = ROOT / "src"
 if (SRC / "torchrepro").is_dir() and str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))  # this checkout's torchrepro, installed or not
+from torchrepro._core.errors import Interrupted  # noqa: E402 - after the path above
+from torchrepro.record.child import die_with_parent  # noqa: E402
+from torchrepro.record.launcher import signals_as_interrupts  # noqa: E402
 
 SCHEMA = "torchrepro.gpu-check/1"
 NO_CUDA = "no CUDA device: nothing checked"
@@ -180,56 +184,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP to this script: raised where it is, so that the running step is stopped as on Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Any:
-    """While active, SIGTERM and SIGHUP raise :class:`Stopped` (their default would end this script at once and
-    leave the running step, in a session of its own, running)."""
-    def handler(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def _die_with(parent: int) -> Callable[[], None] | None:
-    """Linux: a ``preexec_fn`` that makes the step get SIGTERM when this script dies, even by SIGKILL, where no
-    handler of ours runs (the step leads a session of its own: nothing else would reach it)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not between fork and exec
-
-    def preexec() -> None:
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # this script died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def run_command(argv: Sequence[str], *, limit: float, logs: Path, name: str,
                 env: dict[str, str] | None = None) -> Ran:
     """Run ``argv`` in the repository root with its output in files under ``logs``; stop it after ``limit`` s, on
-    Ctrl-C, SIGTERM or SIGHUP (inside :func:`_signals_raise`), and when this script dies."""
+    Ctrl-C, SIGTERM or SIGHUP (inside ``signals_as_interrupts``), and when this script dies (the step leads a
+    session of its own, which nothing else would reach: it gets SIGTERM when this process dies, even by SIGKILL)."""
     slug = "".join(c if c.isalnum() else "-" for c in name)
     out_path, err_path = logs / f"{slug}.stdout", logs / f"{slug}.stderr"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(list(argv), cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, preexec_fn=_die_with(os.getpid()))
+                                start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()))
         try:
             rc: int | None = proc.wait(timeout=max(limit, 0.1))
         except subprocess.TimeoutExpired:
@@ -713,10 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     logs = work / "logs"
     logs.mkdir()
     try:
-        with _signals_raise():
+        with signals_as_interrupts():
             run_parts(args, sizes, limits, env, work, logs, clock, out, doc)
-    except Stopped as exc:
-        doc.update(message=f"stopped by {exc}: the running step was stopped with its processes; the parts before it "
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        doc.update(message=f"stopped by {name}: the running step was stopped with its processes; the parts before it "
                            "are kept", elapsed_s=round(time.monotonic() - clock.start, 1), exit_code=128 + exc.signum)
         write(out, doc)
         say(doc["message"])

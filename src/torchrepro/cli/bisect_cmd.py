@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._core.errors import Interrupted, RunsNotComparableError, ScriptError
+from .._core.errors import RunsNotComparableError, ScriptError
 from ..record.gitrepo import Commit, GitError, Repo, Submodule, Worktrees
 from ..record.launcher import (
     FORWARDED,
@@ -38,6 +38,7 @@ from ..record.launcher import (
     LaunchOptions,
     is_interpreter,
     parse_python_command,
+    signals_as_interrupts,
 )
 from ..record.outdir import lock_dir
 from ..record.store import Run, load_run
@@ -82,23 +83,6 @@ def add_parser(sub: Any) -> None:
                    help="the training command, run from the same directory of each checkout")
     set_usage(p, "torchrepro bisect", COMMAND_TAIL)
     p.set_defaults(handler=run, accepts_command=True)
-
-
-@contextlib.contextmanager
-def signals_as_interrupts() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise :class:`Interrupted` (as Ctrl-C raises KeyboardInterrupt), so that cleanup runs.
-    While a command runs, the launcher passes them on to it first."""
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}")
-
-    previous = {}
-    try:
-        for sig in FORWARDED:
-            previous[sig] = signal.signal(sig, handler)
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @contextlib.contextmanager

@@ -79,9 +79,10 @@ def peak_memory() -> dict[str, Any]:
     return {"kind": "max-rss", "bytes": int(rss) * (1 if sys.platform == "darwin" else 1024)}
 
 
-def _die_with_parent(parent: int | None) -> None:
+def die_with_parent(parent: int | None) -> None:
     """Linux: get SIGTERM when the parent dies (even by SIGKILL): torchrepro, or torchrun for a rank (``parent``
-    is that pid, to catch a parent that died before the call), so the script never outlives torchrepro."""
+    is that pid, to catch a parent that died before the call), so the script never outlives torchrepro. Also a
+    ``preexec_fn`` (tools/gpu_check.py: ``functools.partial(die_with_parent, os.getpid())``)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -99,9 +100,9 @@ def _torchrun_main(args: list[str], kind: str = TORCHRUN_KIND) -> int:
     dies with the torchrepro parent.
 
     Linux: torchrun gets SIGTERM when torchrepro dies (even by SIGKILL) and stops its ranks; each rank, in a
-    session of its own, gets SIGTERM when torchrun dies (:func:`_die_with_parent`, given torchrun's pid here).
+    session of its own, gets SIGTERM when torchrun dies (:func:`die_with_parent`, given torchrun's pid here).
     """
-    _die_with_parent(_parent_pid())
+    die_with_parent(_parent_pid())
     os.environ[PARENT_ENV] = str(os.getpid())
     run_launcher(kind, args)
     return 0
@@ -148,7 +149,7 @@ def _run_code(code: str) -> None:
 
 
 def _child_main(argv: list[str]) -> int:
-    _die_with_parent(_parent_pid())
+    die_with_parent(_parent_pid())
     opts = LaunchOptions.from_json(json.loads(os.environ.pop(CONFIG_ENV, "{}")))
     # gated (start_gated): a Ctrl-C meant for the run before this one must not end this one while it waits
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if opts.gate_fd is not None else None

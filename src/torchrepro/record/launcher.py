@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -253,6 +254,23 @@ def prepare_run_dir(path: Path, *, flag: str = "--record") -> None:
 # KeyboardInterrupt). SIGKILL follows if the child has not ended GRACE_S seconds after the signal.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
 GRACE_S = 10.0
+
+
+@contextlib.contextmanager
+def signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise :class:`Interrupted` (as Ctrl-C raises KeyboardInterrupt), so that cleanup runs.
+    While a command runs, the launcher passes them on to it first (bisect, tools/gpu_check.py)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}")
+
+    previous = {}
+    try:
+        for sig in FORWARDED:
+            previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 class _SignalForwarder:
